@@ -1,0 +1,284 @@
+"""The decoder-only transformer: one forward that serves sampling (with a KV cache), re-scoring and training.
+
+Weights live in a plain nested dict (`params`) whose per-layer tensors are stacked on a leading "layers" axis
+and run with `lax.scan`, so a 30-layer model compiles in about a second. `Transformer` is the Flax NNX module
+that declares every weight with its logical axes (see infra/mesh.py) and initializes it.
+
+Attention masking uses segment ids: 0 marks padding, equal positive ids may attend to each other causally.
+One id per row gives ordinary left-padded batches; several ids per row give packed sequences.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seed_jax.infra.mesh import constrain
+from seed_jax.models.spec import ModelSpec
+
+Params = dict[str, Any]
+_MASKED = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax instead of NaN
+
+
+def param_axes(spec: ModelSpec) -> dict[str, Any]:
+  """Logical axes of every weight, the same tree as `params`."""
+  layer = {
+      "attn_norm": ("layers", "embed"),
+      "wq": ("layers", "embed", "heads", "head_dim"),
+      "wk": ("layers", "embed", "kv_heads", "head_dim"),
+      "wv": ("layers", "embed", "kv_heads", "head_dim"),
+      "wo": ("layers", "heads", "head_dim", "embed"),
+      "mlp_norm": ("layers", "embed"),
+      "w_gate": ("layers", "embed", "mlp"),
+      "w_up": ("layers", "embed", "mlp"),
+      "w_down": ("layers", "mlp", "embed"),
+  }
+  if spec.qkv_bias:
+    layer.update(bq=("layers", "heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"),
+                 bv=("layers", "kv_heads", "head_dim"))
+  if spec.qk_norm:
+    layer.update(q_norm=("layers", "head_dim"), k_norm=("layers", "head_dim"))
+  axes = {"embed": ("vocab", "embed"), "layers": layer, "final_norm": ("embed",)}
+  if not spec.tie_embeddings:
+    axes["lm_head"] = ("embed", "vocab")
+  return axes
+
+
+def param_shapes(spec: ModelSpec) -> dict[str, Any]:
+  L, D, H, K, hd, F, V = (spec.n_layers, spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim,
+                          spec.vocab_size)
+  layer = {"attn_norm": (L, D), "wq": (L, D, H, hd), "wk": (L, D, K, hd), "wv": (L, D, K, hd),
+           "wo": (L, H, hd, D), "mlp_norm": (L, D), "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
+  if spec.qkv_bias:
+    layer.update(bq=(L, H, hd), bk=(L, K, hd), bv=(L, K, hd))
+  if spec.qk_norm:
+    layer.update(q_norm=(L, hd), k_norm=(L, hd))
+  shapes = {"embed": (V, D), "layers": layer, "final_norm": (D,)}
+  if not spec.tie_embeddings:
+    shapes["lm_head"] = (D, V)
+  return shapes
+
+
+class Transformer(nnx.Module):
+  """NNX container of the weights (each an `nnx.Param` carrying its logical `axes`)."""
+
+  def __init__(self, spec: ModelSpec, rngs: nnx.Rngs):
+    self.spec = spec
+    shapes, axes = param_shapes(spec), param_axes(spec)
+
+    def make(name, shape, ax):
+      if name.endswith("norm"):
+        return nnx.Param(jnp.ones(shape, jnp.float32), axes=ax)
+      if name in ("bq", "bk", "bv"):
+        return nnx.Param(jnp.zeros(shape, jnp.float32), axes=ax)
+      return nnx.Param(0.02 * jax.random.normal(rngs.params(), shape, jnp.float32), axes=ax)
+
+    self.embed = make("embed", shapes["embed"], axes["embed"])
+    self.final_norm = make("final_norm", shapes["final_norm"], axes["final_norm"])
+    self.layers = nnx.Dict({k: make(k, shapes["layers"][k], axes["layers"][k]) for k in shapes["layers"]})
+    if not spec.tie_embeddings:
+      self.lm_head = make("lm_head", shapes["lm_head"], axes["lm_head"])
+
+  def params(self) -> Params:
+    return nnx.state(self, nnx.Param).to_pure_dict()
+
+  def __call__(self, tokens_BT, positions_BT, segment_BT, cache=None, dtype=jnp.float32):
+    hidden_BTD, cache = forward(self.params(), self.spec, tokens_BT, positions_BT, segment_BT, cache, dtype)
+    return logits_from_hidden(self.params(), self.spec, hidden_BTD), cache
+
+
+def init_params(spec: ModelSpec, seed: int = 0) -> Params:
+  return Transformer(spec, nnx.Rngs(params=seed)).params()
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys/values for every slot. K is [L, B, Hkv, hd, S] and V is [L, B, Hkv, S, hd]: on CPU that
+  layout lets decode read each layer's cache without a transpose. `segment_BS` is 0 for empty slots; `end`
+  is the first free slot (new tokens are written at [end, end+T))."""
+  k: jax.Array
+  v: jax.Array
+  segment_BS: jax.Array
+  end: jax.Array
+
+  @staticmethod
+  def create(spec: ModelSpec, batch: int, length: int, dtype=jnp.float32) -> "KVCache":
+    store = _storage_dtype(dtype)
+    shape = (spec.n_layers, batch, spec.n_kv_heads)
+    return KVCache(k=jnp.zeros(shape + (spec.head_dim, length), store),
+                   v=jnp.zeros(shape + (length, spec.head_dim), store),
+                   segment_BS=jnp.zeros((batch, length), jnp.int32), end=jnp.zeros((), jnp.int32))
+
+
+def _storage_dtype(dtype) -> Any:
+  # XLA:CPU converts bf16 arrays carried through a scan loop to f32 and back; as uint16 bits they pass
+  # through untouched and are bitcast to bf16 where used. Accelerators handle bf16 natively.
+  if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return jnp.uint16
+  return dtype
+
+
+def _to_storage(x, dtype):
+  return jax.lax.bitcast_convert_type(x.astype(dtype), jnp.uint16) if _storage_dtype(dtype) == jnp.uint16 else x.astype(dtype)
+
+
+def _from_storage(x, dtype):
+  return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x.astype(dtype)
+
+
+def rms_norm(x, w, eps):
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (x32 * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x_BTNh, cos_BTh, sin_BTh):
+  """Rotary embedding in the half-split convention (the Hugging Face layout of q/k weights)."""
+  half = x_BTNh.shape[-1] // 2
+  x32 = x_BTNh.astype(jnp.float32)
+  rot = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * cos_BTh[:, :, None] + rot * sin_BTh[:, :, None]).astype(x_BTNh.dtype)
+
+
+def _dot(eq, a, b, dtype):
+  return jnp.einsum(eq, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _batched_dot(eq, a, b, dtype):
+  # XLA:CPU runs batched dots outside its fused kernels, where bf16 x bf16 -> f32 is unimplemented: there
+  # the product is rounded to bf16 (accumulated in f32 inside the kernel) and widened right after.
+  if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return jnp.einsum(eq, a.astype(dtype), b.astype(dtype)).astype(jnp.float32)
+  return _dot(eq, a, b, dtype)
+
+
+def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
+  scale = q_BTKGh.shape[-1] ** -0.5
+  s_BKGTS = _batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, k_BKhS, dtype)
+  s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
+  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
+  return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, v_BKSh, dtype)
+
+
+def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, layer_idx):
+  """One pre-norm block. `kv` is None (attend to this call's tokens) or (cache_k, cache_v, end)."""
+  B, T, _ = x_BTD.shape
+  K, G = spec.n_kv_heads, spec.n_heads // spec.n_kv_heads
+  h_BTD = rms_norm(x_BTD, w["attn_norm"], spec.rms_eps)
+  q_BTHh = _dot("btd,dnh->btnh", h_BTD, w["wq"], dtype)
+  k_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wk"], dtype)
+  v_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wv"], dtype)
+  if spec.qkv_bias:
+    q_BTHh, k_BTKh, v_BTKh = q_BTHh + w["bq"], k_BTKh + w["bk"], v_BTKh + w["bv"]
+  if spec.qk_norm:
+    q_BTHh, k_BTKh = rms_norm(q_BTHh, w["q_norm"], spec.rms_eps), rms_norm(k_BTKh, w["k_norm"], spec.rms_eps)
+  q_BTHh, k_BTKh = rope(q_BTHh, cos_BTh, sin_BTh), rope(k_BTKh, cos_BTh, sin_BTh)
+  q_BTHh = constrain(q_BTHh, ("batch", "length", "heads", "head_dim"))
+  k_BKhT = k_BTKh.transpose(0, 2, 3, 1)
+  v_BKTh = v_BTKh.transpose(0, 2, 1, 3)
+  if kv is None:
+    keys, values = k_BKhT.astype(dtype), v_BKTh.astype(dtype)
+  else:
+    cache_k, cache_v, end = kv
+    cache_k = jax.lax.dynamic_update_slice(cache_k, _to_storage(k_BKhT, dtype)[None], (layer_idx, 0, 0, 0, end))
+    cache_v = jax.lax.dynamic_update_slice(cache_v, _to_storage(v_BKTh, dtype)[None], (layer_idx, 0, 0, end, 0))
+    keys = _from_storage(jax.lax.dynamic_index_in_dim(cache_k, layer_idx, keepdims=False), dtype)
+    values = _from_storage(jax.lax.dynamic_index_in_dim(cache_v, layer_idx, keepdims=False), dtype)
+    kv = (cache_k, cache_v)
+  o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), keys, values, mask_BTS, dtype)
+  x_BTD = x_BTD + _dot("btnh,nhd->btd", o_BTKGh.reshape(B, T, spec.n_heads, -1), w["wo"], dtype).astype(x_BTD.dtype)
+  h_BTD = rms_norm(x_BTD, w["mlp_norm"], spec.rms_eps)
+  gate_BTF = _dot("btd,df->btf", h_BTD, w["w_gate"], dtype)
+  up_BTF = _dot("btd,df->btf", h_BTD, w["w_up"], dtype)
+  act_BTF = constrain(jax.nn.silu(gate_BTF) * up_BTF, ("batch", "length", "mlp"))
+  x_BTD = x_BTD + _dot("btf,fd->btd", act_BTF, w["w_down"], dtype).astype(x_BTD.dtype)
+  return constrain(x_BTD, ("batch", "length", "embed")), kv
+
+
+def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, cache: KVCache | None = None,
+            dtype=jnp.float32, remat: bool = False):
+  """Final-normed hidden states [B, T, D] (fp32 residual stream) and the updated cache.
+
+  tokens_BT: int32 ids; positions_BT: int32 RoPE positions; segment_BT: int32, 0 = padding.
+  Without a cache, token t attends to tokens s <= t of its own segment. With a cache, the T tokens are
+  written at slots [cache.end, cache.end + T) and attend to all earlier slots of their segment.
+  dtype: compute dtype of the matmuls (fp32 or bf16); norms, softmax and the residual stay fp32.
+  """
+  B, T = tokens_BT.shape
+  x_BTD = jnp.take(params["embed"], tokens_BT, axis=0).astype(jnp.float32)
+  x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+  inv_freq_h = jnp.asarray(spec.rope_inv_freq())
+  angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq_h
+  angles_BTh = jnp.concatenate([angles_BTh, angles_BTh], axis=-1)
+  cos_BTh, sin_BTh = jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+
+  if cache is None:
+    slot = jnp.arange(T)
+    mask_BTS = ((slot[None, :, None] >= slot[None, None, :]) & (segment_BT[:, :, None] == segment_BT[:, None, :])
+                & (segment_BT[:, None, :] > 0))
+  else:
+    S = cache.segment_BS.shape[1]
+    seg_BS = jax.lax.dynamic_update_slice(cache.segment_BS, segment_BT.astype(jnp.int32), (0, cache.end))
+    q_slot_T = cache.end + jnp.arange(T)
+    mask_BTS = ((q_slot_T[None, :, None] >= jnp.arange(S)[None, None, :])
+                & (segment_BT[:, :, None] == seg_BS[:, None, :]) & (seg_BS[:, None, :] > 0))
+
+  layers = _cast_layers(params["layers"], dtype)
+  layer_fn = functools.partial(_layer, spec, dtype)
+  if remat:
+    layer_fn = jax.checkpoint(layer_fn, prevent_cse=False)
+
+  if cache is None:
+    def body(x, xs):
+      w, idx = xs
+      x, _ = layer_fn(x, jax.tree.map(lambda a: _from_storage(a, dtype) if a.dtype == jnp.uint16 else a, w),
+                      cos_BTh, sin_BTh, None, mask_BTS, idx)
+      return x, None
+    x_BTD, _ = jax.lax.scan(body, x_BTD, (layers, jnp.arange(spec.n_layers)))
+    new_cache = None
+  else:
+    def body(carry, xs):
+      x, ck, cv = carry
+      w, idx = xs
+      x, (ck, cv) = layer_fn(x, jax.tree.map(lambda a: _from_storage(a, dtype) if a.dtype == jnp.uint16 else a, w),
+                             cos_BTh, sin_BTh, (ck, cv, cache.end), mask_BTS, idx)
+      return (x, ck, cv), None
+    (x_BTD, ck, cv), _ = jax.lax.scan(body, (x_BTD, cache.k, cache.v), (layers, jnp.arange(spec.n_layers)))
+    new_cache = KVCache(k=ck, v=cv, segment_BS=seg_BS, end=cache.end + T)
+  return rms_norm(x_BTD, params["final_norm"], spec.rms_eps), new_cache
+
+
+def _cast_layers(layers: Params, dtype) -> Params:
+  """Matmul weights to the compute dtype (uint16 bits for bf16 on CPU); norms and biases stay fp32."""
+  if jnp.dtype(dtype) == jnp.float32:
+    return layers
+  big = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+  return {k: (_to_storage(v, dtype) if k in big and v.dtype != jnp.uint16 else v) for k, v in layers.items()}
+
+
+def logits_from_hidden(params: Params, spec: ModelSpec, hidden_BTD, dtype=jnp.float32):
+  """fp32 logits [B, T, V] from final hidden states (tied embedding or separate head)."""
+  if spec.tie_embeddings:
+    return _dot("btd,vd->btv", hidden_BTD, params["embed"], dtype)
+  return _dot("btd,dv->btv", hidden_BTD, params["lm_head"], dtype)
+
+
+def cast_params(params: Params, dtype) -> Params:
+  """Params as used by a loop of forwards (e.g. decoding): cast once outside the loop, not every step."""
+  return {**params, "layers": _cast_layers(params["layers"], dtype)}
+
+
+def left_pad_positions(valid_BT):
+  """RoPE positions for left-padded rows: 0 at each row's first real token (padding gets 0 too)."""
+  return jnp.maximum(jnp.cumsum(valid_BT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def full_logits(params: Params, spec: ModelSpec, tokens_BT, valid_BT, dtype=jnp.float32):
+  """Logits [B, T, V] of left-padded rows without a cache (reference checks and small models)."""
+  segment_BT = valid_BT.astype(jnp.int32)
+  hidden_BTD, _ = forward(params, spec, tokens_BT, left_pad_positions(valid_BT), segment_BT, None, dtype)
+  return logits_from_hidden(params, spec, hidden_BTD, dtype)

@@ -1,0 +1,48 @@
+"""Shared test helpers: tiny Hugging Face reference models saved as local checkpoint folders."""
+from __future__ import annotations
+
+import numpy as np
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,
+            rope_theta=10000.0)
+
+
+def hf_tiny_model(arch: str, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0):
+  """A randomly initialized fp32 `transformers` model of the given architecture (eager attention)."""
+  import torch
+  import transformers as T
+  cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
+         "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM)}[arch]
+  kw = dict(TINY, tie_word_embeddings=tie, attn_implementation="eager")
+  if rope_scaling is not None:
+    kw["rope_scaling"] = rope_scaling
+  if arch == "qwen2":
+    kw.pop("head_dim")
+  torch.manual_seed(seed)
+  model = cls[1](cls[0](**kw)).eval()
+  with torch.no_grad():  # untouched norms are all ones: perturb them so norm weights are really tested
+    for name, p in model.named_parameters():
+      if "norm" in name or name.endswith("bias"):
+        p.add_(0.1 * torch.randn_like(p))
+  return model
+
+
+def hf_logits(model, tokens_BT: np.ndarray, valid_BT: np.ndarray) -> np.ndarray:
+  """Reference logits with left padding expressed as an attention mask and explicit positions."""
+  import torch
+  pos = np.maximum(np.cumsum(valid_BT, axis=1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens_BT, dtype=torch.long),
+                attention_mask=torch.tensor(valid_BT.astype(np.int64)),
+                position_ids=torch.tensor(pos, dtype=torch.long))
+  return out.logits.float().numpy()
+
+
+def left_padded(rng: np.random.Generator, lengths: list[int], vocab: int, T: int):
+  tokens = np.zeros((len(lengths), T), np.int32)
+  valid = np.zeros((len(lengths), T), np.int32)
+  for b, n in enumerate(lengths):
+    tokens[b, T - n:] = rng.integers(3, vocab, n)
+    valid[b, T - n:] = 1
+  return tokens, valid
