@@ -86,8 +86,8 @@ def analysis_parts(traj: Trajectory, success_threshold: float = 1.0) -> tuple[st
   footer repeats the answer format, so left truncation only ever removes step blocks."""
   success = is_success(traj, success_threshold)
   outcome = "success" if success else "failure"
-  header = (f"{_instruction(success)}\n\n# Episode\nTask: {traj.task_description}\n"
-            f"Outcome: {outcome} (return {traj.episode_return:g}, {traj.length} steps, ended by {traj.termination})\n")
+  result = f"return {traj.episode_return:g}, {traj.length} steps, ended by {traj.termination}"
+  header = f"{_instruction(success)}\n\n# Episode\nTask: {traj.task_description}\nOutcome: {outcome} ({result})\n"
   blocks = [f"\nStep {k}\nObservation:\n{s.observation}\nResponse:\n{s.response_text}\n"
             f"Action valid: {'true' if s.action_valid else 'false'}\n" for k, s in enumerate(traj.steps, 1)]
   footer = f"\n# Answer\nReply with the JSON object with `{SUMMARY_FIELD}` and `{SKILL_FIELD}` only."
@@ -108,8 +108,9 @@ def analysis_prompt_fitted(traj: Trajectory, count_tokens: Callable[[str], int],
                            success_threshold: float = 1.0) -> str:
   """The analysis prompt with the oldest step blocks dropped until it has at most `max_tokens` tokens.
 
-  Binary search over the number of kept (newest) blocks: O(log steps) calls of `count_tokens`. The header and
-  footer always survive, even when no step fits."""
+  `count_tokens` should count the prompt as the model will see it (chat template included). Binary search over
+  the number of kept (newest) blocks: O(log steps) calls. The header and footer always survive, even when no
+  step fits."""
   header, blocks, footer = analysis_parts(traj, success_threshold)
   n = len(blocks)
   make = lambda keep: _join(header, blocks[n - keep:] if keep else [], n - keep, footer)

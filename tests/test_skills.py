@@ -124,7 +124,8 @@ def test_analysis_prompt_success_and_failure():
   assert "Task: boil water\nOutcome: success (return 10, 2 steps, ended by done)\n" in ok
   assert ("\nStep 1\nObservation:\nobs 1\nResponse:\n<think>t1</think><action>act 1</action>\n"
           "Action valid: true\n") in ok
-  assert "\nStep 2\nObservation:\nobs 2\nResponse:\n<think>t2</think><action>act 2</action>\nAction valid: false\n" in ok
+  assert ("\nStep 2\nObservation:\nobs 2\nResponse:\n<think>t2</think><action>act 2</action>\n"
+          "Action valid: false\n") in ok
   assert '{"episode_summary": "<what happened>", "episode_skill": "<the rule>"}' in ok
   assert ok.index("Step 1") < ok.index("Step 2") < ok.index("# Answer")
 
@@ -133,6 +134,36 @@ def test_analysis_prompt_success_and_failure():
   assert "Outcome: failure (return 0, 1 steps, ended by max_steps)" in bad
   # success means return >= threshold, independent of traj.success
   assert "Outcome: success" in skills.analysis_prompt(_traj(1, 0.5), success_threshold=0.5)
+
+
+GOLDEN_FAILURE_PROMPT = """\
+You are reviewing one episode of an agent acting in a text environment.
+The agent FAILED. Distill avoidance rules: the core mistake that prevented success and the warning signs that \
+show the mistake is happening, so it can be recognised and avoided next time.
+Write `episode_skill` as a short rule addressed to the agent (imperative, at most a few sentences) that it can \
+apply in a new attempt, not as a story of what happened. Write `episode_summary` as one or two sentences on what \
+happened.
+Answer with JSON only, exactly this object and nothing else:
+{"episode_summary": "<what happened>", "episode_skill": "<the rule>"}
+
+# Episode
+Task: boil water
+Outcome: failure (return 0, 1 steps, ended by max_steps)
+
+Step 1
+Observation:
+obs 1
+Response:
+<think>t1</think><action>act 1</action>
+Action valid: true
+
+# Answer
+Reply with the JSON object with `episode_summary` and `episode_skill` only."""
+
+
+def test_analysis_prompt_golden():
+  """The prompt is a contract with SFT data and checkpoints: any change to it must be deliberate."""
+  assert skills.analysis_prompt(_traj(1, 0.0)) == GOLDEN_FAILURE_PROMPT
 
 
 def test_fitted_drops_oldest_steps_and_keeps_schema():
