@@ -1,0 +1,151 @@
+"""Train-state checkpoints on Orbax: one pytree of arrays plus JSON metadata per step.
+
+Each step directory holds two items: `state` (any pytree of jax arrays: params, optimizer state, step, RNG
+key) and `meta` ({"fingerprint": ..., "metadata": ...}: task-sampler position, metrics history, ...). Orbax
+writes a step into a temporary directory and renames it when complete, so a crash never leaves a step that
+`latest_step`/`restore` would pick up. Saves are asynchronous; `wait()` blocks until they are on disk.
+
+The fingerprint is a flat dict of config fields that must be equal to resume (architecture, shapes, vocab):
+restoring under a different one fails with an error that names each differing field and both values.
+Every process calls save/restore (Orbax coordinates the writers in multi-host runs).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+_MISSING = "<missing>"
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.max_to_keep = 3  # newest checkpoints kept; older steps are deleted after each successful save
+  c.save_interval_steps = 10  # save() only writes steps divisible by this (force=True overrides)
+  c.async_save = True  # write in a background thread; training continues while arrays go to disk
+  return c
+
+
+class IncompatibleCheckpointError(ValueError):
+  pass
+
+
+def config_fingerprint(cfg: Any, keys: Sequence[str]) -> dict[str, Any]:
+  """{dotted key: value} for the config fields that must match on restore, e.g. ["model.num_layers"]."""
+  out = {}
+  for key in keys:
+    node = cfg
+    for part in key.split("."):
+      try:
+        node = node[part]
+      except (KeyError, TypeError, AttributeError):
+        raise KeyError(f"fingerprint key {key!r}: config has no field {part!r}") from None
+    out[key] = node.to_dict() if isinstance(node, ml_collections.ConfigDict) else node
+  return _json_normalize(out)
+
+
+def _json_normalize(x: Any) -> Any:
+  """The value as it reads back from JSON (tuples become lists), so stored and current compare equal."""
+  return json.loads(json.dumps(x))
+
+
+def abstract_state(tree: Any) -> Any:
+  """ShapeDtypeStructs (with shardings) describing a concrete state: the restore target for the same layout."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                      tree)
+
+
+def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+  """'field: checkpoint=A, current=B' for every field whose values differ (or exist on one side only)."""
+  diffs = []
+  for key in sorted(set(saved) | set(current)):
+    a, b = saved.get(key, _MISSING), current.get(key, _MISSING)
+    if a != b:
+      diffs.append(f"{key}: checkpoint={a!r}, current={b!r}")
+  return diffs
+
+
+class Checkpointer:
+  """Orbax CheckpointManager with the project's two items and a fingerprint check on restore."""
+
+  def __init__(self, directory: str, cfg: ml_collections.ConfigDict | None = None,
+               fingerprint: Mapping[str, Any] | None = None, read_only: bool = False):
+    cfg = cfg if cfg is not None else default_config()
+    if cfg.max_to_keep is not None and cfg.max_to_keep < 1:
+      raise ValueError(f"checkpoint.max_to_keep must be >= 1 (or None for all), got {cfg.max_to_keep}")
+    if cfg.save_interval_steps < 1:
+      raise ValueError(f"checkpoint.save_interval_steps must be >= 1, got {cfg.save_interval_steps}")
+    self.directory = os.path.abspath(directory)
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"checkpoint directory {self.directory} does not exist")
+    self.save_interval_steps = cfg.save_interval_steps
+    self.fingerprint = _json_normalize(dict(fingerprint)) if fingerprint is not None else None
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=cfg.max_to_keep, save_interval_steps=1,  # the interval is applied in save()
+        enable_async_checkpointing=cfg.async_save, create=not read_only, read_only=read_only,
+        cleanup_tmp_directories=not read_only)  # leftovers of a crashed save are removed on start
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+
+  def save(self, step: int, state: Any, metadata: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    """Starts saving `state` and `metadata` (JSON values) at `step`; False when the interval skips it."""
+    if not force and step % self.save_interval_steps:
+      return False
+    meta = {"fingerprint": self.fingerprint, "metadata": dict(metadata or {})}
+    try:
+      json.dumps(meta)
+    except TypeError as e:
+      raise ValueError(f"checkpoint metadata must be JSON values: {e}") from None
+    return self._manager.save(int(step), force=force, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def _check_step(self, step: int | None) -> int:
+    self.wait()
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    if step is None:
+      return steps[-1]
+    if step not in steps:
+      raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; available steps: {steps}")
+    return step
+
+  def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
+    """The stored {"fingerprint": ..., "metadata": ...} of `step` (default: latest)."""
+    step = self._check_step(step)
+    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+  def restore(self, step: int | None, abstract: Any) -> tuple[Any, dict[str, Any]]:
+    """(state, metadata) of `step` (None: latest). `abstract` is a pytree of jax.ShapeDtypeStruct whose
+    shardings decide where every restored array lives (any mesh, so a run can resume on another layout)."""
+    step = self._check_step(step)
+    meta = self.restore_metadata(step)
+    if self.fingerprint is not None:
+      diffs = fingerprint_diff(meta.get("fingerprint") or {}, self.fingerprint)
+      if diffs:
+        raise IncompatibleCheckpointError(
+            f"checkpoint {self.directory} step {step} does not match the current config: " + "; ".join(diffs))
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    return restored["state"], meta["metadata"]
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

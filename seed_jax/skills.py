@@ -1,0 +1,469 @@
+"""Hindsight skills: the analysis prompt, robust JSON parsing, the skill-augmented prompt H(h, s), and the
+analyzer backends (the policy itself, or an external OpenAI-compatible server for stage-1 annotation).
+
+The analysis prompt and its JSON schema (`episode_summary`, `episode_skill`) are a contract: SFT records
+and checkpoints depend on them, so change them only together with a new SFT run.
+"""
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import dataclasses
+import email.utils
+import http.client
+import json
+import logging
+import os
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Protocol, Sequence
+
+import ml_collections
+
+from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Trajectory
+
+log = logging.getLogger(__name__)
+
+SKILL_FIELD = "episode_skill"
+SUMMARY_FIELD = "episode_summary"
+SKILL_BLOCK_PREFIX = "Skill from experience: "
+JSON_RETRY_MESSAGE = (f'Reply again with only the JSON object {{"{SUMMARY_FIELD}": "...", "{SKILL_FIELD}": "..."}}'
+                      " and no other text.")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.backend = "policy"  # "policy": the current weights decode greedily; "external": an OpenAI-compatible server
+  c.max_prompt_tokens = 16384  # analysis prompts are fitted to this many tokens by dropping the oldest steps
+  c.max_new_tokens = 4096  # longest analysis reply (policy backend; the external one uses external.max_tokens)
+  c.max_skill_chars = 2000  # a longer skill is cut to this many characters (it enters every step prompt); 0 = no cap
+  c.success_threshold = 1.0  # episode return >= this counts as success for the analyzer's instruction
+  e = c.external = ml_collections.ConfigDict()
+  e.base_url = "http://127.0.0.1:8000/v1"  # POST {base_url}/chat/completions
+  e.model = ""  # model name sent in the request body
+  e.api_key_env = "OPENAI_API_KEY"  # name of the environment variable holding the key; "" = send no key
+  e.temperature = 0.0  # annotation is deterministic
+  e.max_tokens = 4096  # reply length limit sent to the server
+  e.timeout_s = 300.0  # per-request socket timeout
+  e.max_retries = 5  # retries after the first attempt on 408/429/5xx, timeouts and connection errors
+  e.backoff_base_s = 1.0  # wait before retry k is backoff_base_s * 2**k (times jitter), unless Retry-After says
+  e.backoff_max_s = 60.0  # cap on any single wait, Retry-After included
+  e.backoff_jitter = 0.25  # waits are multiplied by uniform(1, 1 + jitter) so parallel clients spread out
+  e.concurrency = 8  # requests in flight at once
+  e.json_retry = True  # one follow-up turn asking for the JSON object only when the reply does not parse
+  return c
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Analysis prompt
+
+
+def is_success(traj: Trajectory, threshold: float = 1.0) -> bool:
+  return traj.episode_return >= threshold
+
+
+def _instruction(success: bool) -> str:
+  if success:
+    goal = ("The agent SUCCEEDED. Distill the workflow that made it work: the decision rule it followed and the "
+            "order of actions that reached the goal, so the same kind of task can be solved directly next time.")
+  else:
+    goal = ("The agent FAILED. Distill avoidance rules: the core mistake that prevented success and the warning "
+            "signs that show the mistake is happening, so it can be recognised and avoided next time.")
+  return (
+      "You are reviewing one episode of an agent acting in a text environment.\n" + goal + "\n"
+      f"Write `{SKILL_FIELD}` as a short rule addressed to the agent (imperative, at most a few sentences) that "
+      "it can apply in a new attempt, not as a story of what happened. Write `" + SUMMARY_FIELD + "` as one or "
+      "two sentences on what happened.\n"
+      "Answer with JSON only, exactly this object and nothing else:\n"
+      f'{{"{SUMMARY_FIELD}": "<what happened>", "{SKILL_FIELD}": "<the rule>"}}')
+
+
+def analysis_parts(traj: Trajectory, success_threshold: float = 1.0) -> tuple[str, list[str], str]:
+  """(header, one block per step, footer). The header holds the instruction, schema, task and outcome; the
+  footer repeats the answer format, so left truncation only ever removes step blocks."""
+  success = is_success(traj, success_threshold)
+  outcome = "success" if success else "failure"
+  result = f"return {traj.episode_return:g}, {traj.length} steps, ended by {traj.termination}"
+  header = f"{_instruction(success)}\n\n# Episode\nTask: {traj.task_description}\nOutcome: {outcome} ({result})\n"
+  blocks = [f"\nStep {k}\nObservation:\n{s.observation}\nResponse:\n{s.response_text}\n"
+            f"Action valid: {'true' if s.action_valid else 'false'}\n" for k, s in enumerate(traj.steps, 1)]
+  footer = f"\n# Answer\nReply with the JSON object with `{SUMMARY_FIELD}` and `{SKILL_FIELD}` only."
+  return header, blocks, footer
+
+
+def _join(header: str, blocks: Sequence[str], omitted: int, footer: str) -> str:
+  gap = f"\n[{omitted} earlier steps omitted]\n" if omitted else ""
+  return header + gap + "".join(blocks) + footer
+
+
+def analysis_prompt(traj: Trajectory, success_threshold: float = 1.0) -> str:
+  header, blocks, footer = analysis_parts(traj, success_threshold)
+  return _join(header, blocks, 0, footer)
+
+
+def analysis_prompt_fitted(traj: Trajectory, count_tokens: Callable[[str], int], max_tokens: int,
+                           success_threshold: float = 1.0) -> str:
+  """The analysis prompt with the oldest step blocks dropped until it has at most `max_tokens` tokens.
+
+  `count_tokens` should count the prompt as the model will see it (chat template included). Binary search over
+  the number of kept (newest) blocks: O(log steps) calls. The header and footer always survive, even when no
+  step fits."""
+  header, blocks, footer = analysis_parts(traj, success_threshold)
+  n = len(blocks)
+  make = lambda keep: _join(header, blocks[n - keep:] if keep else [], n - keep, footer)
+  full = make(n)
+  if count_tokens(full) <= max_tokens:
+    return full
+  lo, hi = 0, n - 1  # the largest keep in [lo, hi] that fits; keep=0 is returned even if it does not fit
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if count_tokens(make(mid)) <= max_tokens:
+      lo = mid
+    else:
+      hi = mid - 1
+  return make(lo)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parsing
+
+
+@dataclasses.dataclass
+class SkillParse:
+  skill: str | None
+  summary: str | None
+  ok: bool
+  error: str = ""
+
+
+def format_skill_json(summary: str, skill: str) -> str:
+  """The canonical reply (SFT target) for one analysis."""
+  return json.dumps({SUMMARY_FIELD: summary, SKILL_FIELD: skill}, ensure_ascii=False)
+
+
+def _fenced_blocks(text: str) -> list[str]:
+  out, pos = [], 0
+  while (start := text.find("```", pos)) >= 0:
+    body = text.find("\n", start)
+    end = text.find("```", start + 3)
+    if end < 0:
+      break
+    if body < 0 or body > end:  # ``` {...} ``` on one line
+      body = start + 2
+    out.append(text[body + 1:end])
+    pos = end + 3
+  return out
+
+
+def _brace_spans(text: str) -> list[str]:
+  """Every balanced {...} substring, outermost first within each position; quotes are tracked inside braces
+  only, so apostrophes in surrounding prose do not confuse the scan."""
+  spans, stack, quote, i = [], [], "", 0
+  while i < len(text):
+    ch = text[i]
+    if quote:
+      if ch == "\\":
+        i += 1
+      elif ch == quote:
+        quote = ""
+    elif ch in "\"'" and stack:
+      quote = ch
+    elif ch == "{":
+      stack.append(i)
+    elif ch == "}" and stack:
+      spans.append((stack.pop(), i + 1))
+    i += 1
+  return [text[a:b] for a, b in sorted(spans)]
+
+
+def _strip_trailing_commas(text: str) -> str:
+  out, quote, i = [], "", 0
+  while i < len(text):
+    ch = text[i]
+    if quote:
+      if ch == "\\" and i + 1 < len(text):
+        out.append(text[i:i + 2])
+        i += 2
+        continue
+      if ch == quote:
+        quote = ""
+    elif ch in "\"'":
+      quote = ch
+    elif ch == ",":
+      j = i + 1
+      while j < len(text) and text[j].isspace():
+        j += 1
+      if j < len(text) and text[j] in "}]":
+        i += 1
+        continue
+    out.append(ch)
+    i += 1
+  return "".join(out)
+
+
+def _decode(candidate: str) -> dict | None:
+  candidate = candidate.strip()
+  if not candidate.startswith("{"):
+    return None
+  for text in (candidate, _strip_trailing_commas(candidate)):
+    try:
+      value = json.loads(text)
+    except (ValueError, RecursionError):
+      try:  # single quotes, True/None, ...
+        value = ast.literal_eval(text)
+      except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        continue
+    if isinstance(value, dict):
+      return value
+  return None
+
+
+def _text_field(value: Any) -> str | None:
+  if isinstance(value, str):
+    return value.strip()
+  if isinstance(value, list) and value and all(isinstance(v, str) for v in value):  # a list of rules
+    return "\n".join(v.strip() for v in value).strip()
+  return None
+
+
+def parse_skill(reply: str, max_candidates: int = 64) -> SkillParse:
+  """Finds the analysis object in a model reply. Never raises.
+
+  Candidates in order: fenced blocks, the whole reply, then every balanced {...} span. The first decoded object
+  with a non-empty `episode_skill` wins; otherwise the reply fails with a reason."""
+  if not isinstance(reply, str) or not reply.strip():
+    return SkillParse(None, None, False, "empty reply")
+  candidates = _fenced_blocks(reply) + [reply] + _brace_spans(reply)
+  seen, decoded = set(), 0
+  for cand in candidates:
+    cand = cand.strip()
+    if cand in seen:
+      continue
+    seen.add(cand)
+    if len(seen) > max_candidates:
+      break
+    obj = _decode(cand)
+    if obj is None:
+      continue
+    decoded += 1
+    skill = _text_field(obj.get(SKILL_FIELD))
+    if skill:
+      return SkillParse(skill, _text_field(obj.get(SUMMARY_FIELD)), True)
+  if decoded:
+    return SkillParse(None, None, False, f"no object with a non-empty string {SKILL_FIELD!r} ({decoded} decoded)")
+  return SkillParse(None, None, False, "no JSON object found")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# H(h, s)
+
+
+def augment_prompt(prompt_text: str, skill: str | None) -> str:
+  """Inserts the skill block after the task line, else before the turn line, else at the end."""
+  if not skill or not skill.strip():
+    return prompt_text
+  block = SKILL_BLOCK_PREFIX + skill.strip() + "\n"
+  lines = prompt_text.splitlines(keepends=True)
+  for i, line in enumerate(lines):
+    if line.lstrip().startswith(TASK_LINE_PREFIX):
+      head = "".join(lines[:i + 1])
+      head += "" if head.endswith("\n") else "\n"
+      return head + block + "".join(lines[i + 1:])
+  for i, line in enumerate(lines):
+    if line.lstrip().startswith(TURN_LINE_PREFIX):
+      return "".join(lines[:i]) + block + "".join(lines[i:])
+  if not prompt_text:
+    return block.rstrip("\n")
+  return prompt_text + ("" if prompt_text.endswith("\n") else "\n") + block.rstrip("\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backends
+
+
+class Analyzer(Protocol):
+  def analyze(self, prompts: list[str]) -> list[str]:
+    """Raw replies, one per prompt ("" when a reply could not be obtained)."""
+    ...
+
+
+@dataclasses.dataclass
+class AnalyzerStats:
+  requests: int = 0  # HTTP attempts (or policy prompts) sent
+  retries: int = 0  # attempts repeated after a transient error
+  failures: int = 0  # requests that produced no reply after all retries
+  json_retries: int = 0  # follow-up "JSON only" turns sent
+
+  def as_dict(self) -> dict[str, int]:
+    return dataclasses.asdict(self)
+
+
+class PolicyAnalyzer:
+  """The policy analyzes its own trajectories: `generate` is the pipeline's greedy decoder with the current
+  weights (one batched call, one attempt, no JSON retry)."""
+
+  def __init__(self, generate: Callable[[list[str]], list[str]]):
+    self._generate = generate
+    self.stats = AnalyzerStats()
+
+  def analyze(self, prompts: list[str]) -> list[str]:
+    if not prompts:
+      return []
+    replies = list(self._generate(list(prompts)))
+    if len(replies) != len(prompts):
+      raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
+    self.stats.requests += len(prompts)
+    return replies
+
+
+class _Transient(Exception):
+  def __init__(self, msg: str, retry_after: float | None = None):
+    super().__init__(msg)
+    self.retry_after = retry_after
+
+
+def _retry_after_s(value: str | None) -> float | None:
+  if not value:
+    return None
+  try:
+    return max(0.0, float(value))
+  except ValueError:
+    try:
+      return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+      return None
+
+
+class ExternalAnalyzer:
+  """Chat-completions client (OpenAI-compatible) on the standard library. Failures never raise: a prompt
+  whose requests all fail gets "" (no skill) and is counted in `stats.failures`."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    self.cfg = cfg
+    self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+    self._api_key = ""
+    if cfg.api_key_env:
+      self._api_key = os.environ.get(cfg.api_key_env, "")
+      if not self._api_key:
+        raise ValueError(f"external analyzer: environment variable {cfg.api_key_env!r} (external.api_key_env) "
+                         "is not set; set it or use api_key_env='' for a server without keys")
+    if cfg.concurrency < 1:
+      raise ValueError(f"external.concurrency must be >= 1, got {cfg.concurrency}")
+    self.stats = AnalyzerStats()
+    self._lock = threading.Lock()
+
+  def __repr__(self) -> str:  # the key never appears in logs
+    return f"ExternalAnalyzer(url={self.url!r}, model={self.cfg.model!r})"
+
+  def _count(self, **kw: int) -> None:
+    with self._lock:
+      for k, v in kw.items():
+        setattr(self.stats, k, getattr(self.stats, k) + v)
+
+  def _post(self, messages: list[dict[str, str]]) -> str:
+    """One attempt; raises _Transient on errors worth retrying, RuntimeError on the others."""
+    body = json.dumps({"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature,
+                       "max_tokens": self.cfg.max_tokens}).encode()
+    headers = {"Content-Type": "application/json"}
+    if self._api_key:
+      headers["Authorization"] = "Bearer " + self._api_key
+    request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+    self._count(requests=1)
+    try:
+      with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as response:
+        payload = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+      if e.code in (408, 429) or e.code >= 500:
+        raise _Transient(f"HTTP {e.code}", _retry_after_s(e.headers.get("Retry-After"))) from None
+      raise RuntimeError(f"HTTP {e.code}: {e.read()[:200]!r}") from None
+    except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets, truncated bodies
+      raise _Transient(f"{type(e).__name__}: {e}") from None
+    except ValueError as e:  # body is not JSON (e.g. a proxy error page)
+      raise _Transient(f"bad response body: {e}") from None
+    try:
+      return payload["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+      raise RuntimeError(f"unexpected response shape: {str(payload)[:200]}") from None
+
+  def _complete(self, messages: list[dict[str, str]]) -> str:
+    cfg = self.cfg
+    for attempt in range(cfg.max_retries + 1):
+      try:
+        return self._post(messages)
+      except _Transient as e:
+        if attempt == cfg.max_retries:
+          log.warning("analyzer request failed after %d attempts: %s", attempt + 1, e)
+          break
+        wait = e.retry_after
+        if wait is None:
+          wait = cfg.backoff_base_s * 2**attempt * random.uniform(1.0, 1.0 + cfg.backoff_jitter)
+        self._count(retries=1)
+        time.sleep(min(wait, cfg.backoff_max_s))
+      except RuntimeError as e:
+        log.warning("analyzer request failed: %s", e)
+        break
+    self._count(failures=1)
+    return ""
+
+  def _one(self, prompt: str) -> str:
+    messages = [{"role": "user", "content": prompt}]
+    reply = self._complete(messages)
+    if reply and self.cfg.json_retry and not parse_skill(reply).ok:
+      self._count(json_retries=1)
+      retry = self._complete(messages + [{"role": "assistant", "content": reply},
+                                         {"role": "user", "content": JSON_RETRY_MESSAGE}])
+      reply = retry or reply
+    return reply
+
+  def analyze(self, prompts: list[str]) -> list[str]:
+    with concurrent.futures.ThreadPoolExecutor(self.cfg.concurrency) as pool:
+      return list(pool.map(self._one, prompts))
+
+
+def make_analyzer(cfg: ml_collections.ConfigDict,
+                  generate: Callable[[list[str]], list[str]] | None = None) -> Analyzer:
+  if cfg.backend == "policy":
+    if generate is None:
+      raise ValueError("analyzer backend 'policy' needs the pipeline's generate function")
+    return PolicyAnalyzer(generate)
+  if cfg.backend == "external":
+    return ExternalAnalyzer(cfg.external)
+  raise ValueError(f"analyzer.backend must be 'policy' or 'external', got {cfg.backend!r}")
+
+
+@dataclasses.dataclass
+class Analysis:
+  parses: list[SkillParse]  # one per trajectory, in order
+  prompts: list[str]
+  replies: list[str]
+
+  @property
+  def parse_rate(self) -> float:
+    return sum(p.ok for p in self.parses) / len(self.parses) if self.parses else 0.0
+
+  @property
+  def skills(self) -> list[str | None]:
+    return [p.skill if p.ok else None for p in self.parses]
+
+
+def analyze_trajectories(analyzer: Analyzer, trajs: Sequence[Trajectory], cfg: ml_collections.ConfigDict,
+                         count_tokens: Callable[[str], int] | None = None) -> Analysis:
+  """Builds one analysis prompt per trajectory (fitted to cfg.max_prompt_tokens when `count_tokens` is given),
+  runs the backend once on the whole batch and parses every reply."""
+  if count_tokens is None:
+    prompts = [analysis_prompt(t, cfg.success_threshold) for t in trajs]
+  else:
+    prompts = [analysis_prompt_fitted(t, count_tokens, cfg.max_prompt_tokens, cfg.success_threshold)
+               for t in trajs]
+  replies = analyzer.analyze(prompts) if prompts else []
+  if len(replies) != len(prompts):
+    raise ValueError(f"analyzer returned {len(replies)} replies for {len(prompts)} prompts")
+  parses = [parse_skill(r) for r in replies]
+  if cfg.max_skill_chars:
+    for p in parses:
+      if p.skill and len(p.skill) > cfg.max_skill_chars:
+        p.skill = p.skill[:cfg.max_skill_chars].rstrip()
+  return Analysis(parses, prompts, replies)

@@ -1,0 +1,165 @@
+"""Checkpoints: bit-exact round trip, keep-N, latest step, fingerprint check, resharding, crash safety."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from seed_jax.infra import checkpoint
+
+FP = {"model.num_layers": 2, "model.dims": [8, 4], "model.vocab": 32}
+
+
+def _cfg(**kw):
+  cfg = checkpoint.default_config()
+  cfg.save_interval_steps = 1
+  cfg.update(kw)
+  return cfg
+
+
+def _state(seed: int = 0):
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+  params = {"w": jax.random.normal(k1, (8, 4), jnp.float32),
+            "emb": jax.random.normal(k2, (32, 4), jnp.float32).astype(jnp.bfloat16),
+            "b": jnp.arange(4, dtype=jnp.int32) + seed}
+  opt = optax.adamw(1e-3).init(params)
+  return {"params": params, "opt": opt, "step": jnp.asarray(seed, jnp.int32), "key": jax.random.key(seed)}
+
+
+def _assert_bit_equal(a, b):
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb
+  for x, y in zip(la, lb):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    assert x.tobytes() == y.tobytes()
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+  state = _state(3)
+  meta = {"sampler": {"epoch": 1, "position": 17, "order": [3, 1, 2]}, "history": [{"step": 3, "loss": 0.125}]}
+  with checkpoint.Checkpointer(str(tmp_path), _cfg(), fingerprint=FP) as ck:
+    assert ck.latest_step() is None
+    assert ck.save(3, state, meta)
+    ck.wait()
+    restored, meta2 = ck.restore(3, checkpoint.abstract_state(state))
+  _assert_bit_equal(restored, state)
+  assert type(restored["opt"][0]) is type(state["opt"][0])  # optax named tuples survive
+  assert meta2 == meta
+  # a fresh process-like reopen reads the same thing
+  ck2 = checkpoint.Checkpointer(str(tmp_path), _cfg(), fingerprint=FP, read_only=True)
+  assert ck2.restore_metadata(3) == {"fingerprint": FP, "metadata": meta}
+  restored2, _ = ck2.restore(None, checkpoint.abstract_state(state))
+  _assert_bit_equal(restored2, state)
+  ck2.close()
+
+
+def test_keep_n_latest_and_interval(tmp_path):
+  with checkpoint.Checkpointer(str(tmp_path), _cfg(max_to_keep=2, save_interval_steps=2)) as ck:
+    saved = [ck.save(s, _state(s), {"s": s}) for s in range(1, 8)]
+    assert saved == [False, True, False, True, False, True, False]
+    assert ck.save(7, _state(7), {"s": 7}, force=True)
+    ck.wait()
+    assert ck.all_steps() == [6, 7]
+    assert ck.latest_step() == 7
+    state, meta = ck.restore(None, checkpoint.abstract_state(_state(0)))
+  assert meta == {"s": 7}
+  _assert_bit_equal(state, _state(7))
+  assert sorted(os.listdir(tmp_path)) == ["6", "7"]
+
+
+def test_incompatible_fingerprint_names_fields(tmp_path):
+  with checkpoint.Checkpointer(str(tmp_path), _cfg(), fingerprint=FP) as ck:
+    ck.save(1, _state(1), {})
+  other = dict(FP, **{"model.num_layers": 4})
+  del other["model.vocab"]
+  other["model.heads"] = 2
+  ck = checkpoint.Checkpointer(str(tmp_path), _cfg(), fingerprint=other)
+  with pytest.raises(checkpoint.IncompatibleCheckpointError) as err:
+    ck.restore(1, checkpoint.abstract_state(_state(1)))
+  msg = str(err.value)
+  assert "step 1" in msg
+  assert "model.num_layers: checkpoint=2, current=4" in msg
+  assert "model.vocab: checkpoint=32, current='<missing>'" in msg
+  assert "model.heads: checkpoint='<missing>', current=2" in msg
+  assert "model.dims" not in msg
+  ck.close()
+
+
+def test_config_fingerprint():
+  cfg = ml_collections.ConfigDict({"model": {"num_layers": 2, "dims": (8, 4), "rope": {"theta": 1e4}}, "lr": 1e-6})
+  fp = checkpoint.config_fingerprint(cfg, ["model.num_layers", "model.dims", "model.rope"])
+  assert fp == {"model.num_layers": 2, "model.dims": [8, 4], "model.rope": {"theta": 10000.0}}
+  with pytest.raises(KeyError, match="model.heads"):
+    checkpoint.config_fingerprint(cfg, ["model.heads"])
+
+
+def test_restore_onto_another_sharding(tmp_path):
+  devs = np.array(jax.devices())
+  assert devs.size == 8
+  mesh_a = Mesh(devs.reshape(8), ("data",))
+  mesh_b = Mesh(devs.reshape(2, 4), ("fsdp", "tensor"))
+  x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16) / 7.0
+  y = jnp.arange(16, dtype=jnp.int32)
+  state = {"x": jax.device_put(x, NamedSharding(mesh_a, P("data", None))),
+           "y": jax.device_put(y, NamedSharding(mesh_a, P()))}
+  with checkpoint.Checkpointer(str(tmp_path), _cfg()) as ck:
+    ck.save(5, state, {})
+    target = {"x": jax.ShapeDtypeStruct((64, 16), jnp.float32, sharding=NamedSharding(mesh_b, P("tensor", "fsdp"))),
+              "y": jax.ShapeDtypeStruct((16,), jnp.int32, sharding=NamedSharding(mesh_b, P("tensor")))}
+    restored, _ = ck.restore(5, target)
+  assert restored["x"].sharding == target["x"].sharding
+  assert restored["y"].sharding == target["y"].sharding
+  assert restored["x"].addressable_shards[0].data.shape == (16, 8)
+  _assert_bit_equal(restored, {"x": x, "y": y})
+
+
+def test_missing_dir_and_step(tmp_path):
+  missing = tmp_path / "nope"
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    checkpoint.Checkpointer(str(missing), read_only=True)
+  with checkpoint.Checkpointer(str(tmp_path / "ck"), _cfg()) as ck:
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+      ck.restore(None, {})
+    ck.save(2, _state(2), {})
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 9 .*available steps: \[2\]"):
+      ck.restore(9, checkpoint.abstract_state(_state(2)))
+    with pytest.raises(ValueError, match="JSON values"):
+      ck.save(3, _state(3), {"bad": object()})
+
+
+def test_crash_during_save_is_never_restored(tmp_path):
+  """A process is killed right after an async save starts: the half-written step is ignored and cleaned up."""
+  ck = checkpoint.Checkpointer(str(tmp_path), _cfg())
+  ck.save(1, _state(1), {"s": 1})
+  ck.close()
+  script = textwrap.dedent(f"""
+      import os, jax.numpy as jnp
+      from seed_jax.infra import checkpoint
+      cfg = checkpoint.default_config(); cfg.save_interval_steps = 1
+      ck = checkpoint.Checkpointer({str(tmp_path)!r}, cfg)
+      ck.save(2, {{"big": jnp.ones((4096, 4096), jnp.float32)}}, {{"s": 2}})
+      os._exit(0)  # dies while the background write is in progress
+  """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120,
+                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  leftovers = [d for d in os.listdir(tmp_path) if d.startswith("2")]
+  assert leftovers and all("tmp" in d for d in leftovers), leftovers
+  ck = checkpoint.Checkpointer(str(tmp_path), _cfg())
+  assert ck.latest_step() == 1
+  state, meta = ck.restore(None, checkpoint.abstract_state(_state(1)))
+  _assert_bit_equal(state, _state(1))
+  assert meta == {"s": 1}
+  assert sorted(os.listdir(tmp_path)) == ["1"]  # the temporary directory was removed on start
+  ck.close()
