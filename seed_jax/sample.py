@@ -1,0 +1,199 @@
+"""Jitted generation for rollouts and skill writing: prefill + KV-cache decode inside one `lax.while_loop`.
+
+`generate_tokens` is the pure device function; `Sampler` is the host side that validates prompts, buckets
+shapes (so a run compiles a bounded number of programs), splits oversized batches and unpads the results.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.infra.mesh import constrain
+from seed_jax.models import transformer as tf
+from seed_jax.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+STOP_EOS, STOP_SEQUENCE, STOP_LENGTH, STOP_PADDING = 0, 1, 2, 3
+STOP_NAMES = ("eos", "stop_sequence", "max_new_tokens", "padding")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """temperature 0 = greedy. top_k 0 and top_p 1.0 disable those filters."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 512
+
+  def __post_init__(self):
+    if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
+      raise ValueError(f"invalid sampling parameters {self}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+                       "max_new_tokens >= 1")
+
+
+@dataclasses.dataclass
+class Generation:
+  tokens: list[int]  # generated ids, including the EOS / stop-sequence tokens that ended the row
+  logps: list[float]  # log-prob of each generated token under the full distribution at the temperature
+  stop_reason: str
+
+
+def _pick(logits_BV, key, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
+  """Next token and its log-prob. Filters restrict what can be drawn; the returned log-prob is under the
+  full temperature-scaled distribution, which is what re-scoring computes (greedy: temperature 1)."""
+  if greedy:
+    tok_B = jnp.argmax(logits_BV, axis=-1)
+    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
+  else:
+    scaled_BV = logits_BV / temperature
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+    masked_BV = scaled_BV
+    if top_k:
+      kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
+      masked_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, masked_BV)
+    if use_top_p:
+      sorted_BV = -jnp.sort(-masked_BV, axis=-1)
+      probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+      keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # mass before this token < p
+      n_keep_B1 = jnp.sum(keep_BV, axis=-1, keepdims=True)
+      thresh_B1 = jnp.take_along_axis(sorted_BV, n_keep_B1 - 1, axis=-1)
+      masked_BV = jnp.where(masked_BV < thresh_B1, -jnp.inf, masked_BV)
+    tok_B = jax.random.categorical(key, masked_BV, axis=-1)
+  return tok_B.astype(jnp.int32), jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
+def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E, stop_NL, *, spec: ModelSpec,
+                    dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool):
+  """Samples up to `max_new` tokens after left-padded prompts.
+
+  tokens_BP/valid_BP: int32 ids and bool validity (rows with no valid token are batch padding).
+  eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1.
+  Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes).
+  """
+  B, Pn = tokens_BP.shape
+  L = stop_NL.shape[1]
+  params = tf.cast_params(params, dtype)  # once, outside the decode loop
+  cache = tf.KVCache.create(spec, B, Pn + max_new, dtype)
+  cache = cache.replace(k=constrain(cache.k, ("layers", "batch", "kv_heads", "head_dim", "cache_length")),
+                        v=constrain(cache.v, ("layers", "batch", "kv_heads", "cache_length", "head_dim")))
+  positions_BP = tf.left_pad_positions(valid_BP)
+  hidden_BPD, cache = tf.forward(params, spec, tokens_BP, positions_BP, valid_BP.astype(jnp.int32), cache, dtype)
+  logits_BV = tf.logits_from_hidden(params, spec, hidden_BPD[:, -1:], dtype)[:, 0]
+  is_pad_B = ~jnp.any(valid_BP, axis=1)
+  stop_len_N = jnp.sum(stop_NL >= 0, axis=1)
+
+  def cond(s):
+    return (s["i"] < max_new) & ~jnp.all(s["done"])
+
+  def body(s):
+    i = s["i"]
+    tok_B, logp_B = _pick(s["logits"], jax.random.fold_in(key, i), temperature, top_p, greedy, top_k, use_top_p)
+    live_B = ~s["done"]
+    recent_BL = jnp.concatenate([s["recent"][:, 1:], tok_B[:, None]], axis=1)
+    stop_hit_B = jnp.any(jnp.all((recent_BL[:, None, :] == stop_NL[None]) | (stop_NL[None] < 0), axis=-1)
+                         & (stop_len_N > 0)[None], axis=1)
+    eos_hit_B = jnp.any(tok_B[:, None] == eos_E[None], axis=1)
+    reason_B = jnp.where(eos_hit_B, STOP_EOS, jnp.where(stop_hit_B, STOP_SEQUENCE, STOP_LENGTH))
+    ends_B = live_B & (eos_hit_B | stop_hit_B | (i + 1 == max_new))
+    hidden_B1D, cache = tf.forward(params, spec, tok_B[:, None], s["pos"][:, None], jnp.ones((B, 1), jnp.int32),
+                                   s["cache"], dtype)
+    return dict(
+        i=i + 1, cache=cache, pos=s["pos"] + 1, recent=recent_BL, done=s["done"] | ends_B,
+        logits=tf.logits_from_hidden(params, spec, hidden_B1D, dtype)[:, 0],
+        tokens=s["tokens"].at[:, i].set(jnp.where(live_B, tok_B, 0)),
+        logps=s["logps"].at[:, i].set(jnp.where(live_B, logp_B, 0.0)),
+        lengths=s["lengths"] + live_B.astype(jnp.int32), reason=jnp.where(ends_B, reason_B, s["reason"]))
+
+  init = dict(i=jnp.int32(0), cache=cache, pos=positions_BP[:, -1] + 1, logits=logits_BV, done=is_pad_B,
+              recent=jnp.full((B, L), -2, jnp.int32), tokens=jnp.zeros((B, max_new), jnp.int32),
+              logps=jnp.zeros((B, max_new), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
+              reason=jnp.where(is_pad_B, STOP_PADDING, STOP_LENGTH).astype(jnp.int32))
+  s = jax.lax.while_loop(cond, body, init)
+  return s["tokens"], s["logps"], s["lengths"], s["reason"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  max_prompt_len: int = 2048  # prompts longer than this are an error (callers truncate their history)
+  min_batch: int = 1
+  max_batch: int = 64  # larger requests run as several batches
+  min_prompt_bucket: int = 64
+  dtype: str = "float32"  # compute dtype of weights and KV cache: "float32" or "bfloat16"
+
+
+class Sampler:
+  """Host wrapper: validates, buckets, batches and unpads. One instance per model spec and mesh."""
+
+  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig = SamplerConfig(), mesh=None):
+    if cfg.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"sampler dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
+    self.spec, self.cfg, self.mesh = spec, cfg, mesh
+    self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
+    data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+    self.batch_sizes = pow2_sizes(max(cfg.min_batch, data), max(cfg.max_batch, data))
+    self.prompt_sizes = pow2_sizes(min(cfg.min_prompt_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
+    self.compiles = CompileCounter()
+
+  def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
+               stop_sequences: Sequence[Sequence[int]] = ()) -> list[Generation]:
+    if not prompts:
+      return []
+    for i, p in enumerate(prompts):
+      if len(p) == 0:
+        raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+      if len(p) > self.cfg.max_prompt_len:
+        raise ValueError(f"prompt {i} has {len(p)} tokens, more than sampler max_prompt_len="
+                         f"{self.cfg.max_prompt_len}; truncate it before sampling")
+    stop_NL = _stop_array(stop_sequences)
+    out: list[Generation] = []
+    step = self.batch_sizes[-1]
+    for c, start in enumerate(range(0, len(prompts), step)):
+      out += self._generate_batch(params, prompts[start:start + step], jax.random.fold_in(key, c), sp, stop_NL)
+    return out
+
+  def _generate_batch(self, params, prompts, key, sp: SamplingParams, stop_NL) -> list[Generation]:
+    B = bucket(len(prompts), self.batch_sizes, "batch")
+    Pn = bucket(max(map(len, prompts)), self.prompt_sizes, "prompt length")
+    tokens_BP = np.zeros((B, Pn), np.int32)
+    valid_BP = np.zeros((B, Pn), bool)
+    for b, p in enumerate(prompts):
+      tokens_BP[b, Pn - len(p):] = p
+      valid_BP[b, Pn - len(p):] = True
+    greedy = sp.temperature == 0
+    static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
+                  top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
+    if self.compiles.see(("generate", B, Pn, stop_NL.shape, tuple(sorted(static.items(), key=str)))):
+      log.info("compiling generate: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
+               self.compiles.count)
+    args = (tokens_BP, valid_BP)
+    if self.mesh is not None:
+      batch = NamedSharding(self.mesh, P(("data", "fsdp")))
+      args = tuple(jax.device_put(a, batch) for a in args)
+    with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+      toks, logps, lens, reason = generate_tokens(
+          params, *args, key, jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p),
+          jnp.asarray(self.eos_E), jnp.asarray(stop_NL), **static)
+    toks, logps, lens, reason = jax.device_get((toks, logps, lens, reason))
+    return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),
+                       stop_reason=STOP_NAMES[reason[b]]) for b in range(len(prompts))]
+
+
+def _stop_array(stop_sequences: Sequence[Sequence[int]]) -> np.ndarray:
+  seqs = [list(s) for s in stop_sequences if len(s)]
+  L = max([len(s) for s in seqs], default=1)
+  arr = np.full((max(len(seqs), 1), L), -1, np.int32)
+  for n, s in enumerate(seqs):
+    arr[n, L - len(s):] = s
+  return arr
+
