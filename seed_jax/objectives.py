@@ -116,6 +116,21 @@ def _normalize(x_N, mu_N, sd_N, mode: str) -> np.ndarray:
   return (x_N - mu_N) / (sd_N + EPS) if mode == "mean_std_norm" else x_N - mu_N
 
 
+def _grpo(scores_N, g_N, stat_M, stat_g_M, n: int, ddof: int, mode: str) -> np.ndarray:
+  """A_i = (s_i − μ_g)/(σ_g + 1e-6) (or s_i − μ_g), with μ_g, σ_g over the entries of `stat_M` in group g;
+  a group with a single entry has μ=0, σ=1 (verl's GRPO rule)."""
+  mu_G, sd_G, cnt_G = _group_stats(stat_M, stat_g_M, n, ddof)
+  single_G = cnt_G == 1
+  mu_G[single_G], sd_G[single_G] = 0.0, 1.0
+  return _normalize(scores_N, mu_G[g_N], sd_G[g_N], mode)
+
+
+def _same_length(**columns) -> None:
+  lengths = {k: len(v) for k, v in columns.items()}
+  if len(set(lengths.values())) > 1:
+    raise ValueError(f"per-sample columns differ in length: {lengths}")
+
+
 def penalized_scores(returns_N: np.ndarray, invalid_N: np.ndarray, penalty: float) -> np.ndarray:
   """Score of each step-sample: s = R(τ) − c_inv·[step invalid]."""
   return np.asarray(returns_N, np.float64) - penalty * np.asarray(invalid_N, np.float64)
@@ -124,12 +139,10 @@ def penalized_scores(returns_N: np.ndarray, invalid_N: np.ndarray, penalty: floa
 def grpo_step_advantages(scores_N: np.ndarray, group_ids_N: np.ndarray, mode: str) -> np.ndarray:
   """GRPO over step-samples (reference code): A_i = (s_i − μ_g)/(σ_g + 1e-6) with μ_g and the *unbiased* σ_g
   over all step-samples of group g (long episodes weigh more); a group of one sample has μ=0, σ=1."""
+  _same_length(scores_N=scores_N, group_ids_N=group_ids_N)
   scores_N = np.asarray(scores_N, np.float64)
   g_N, n = _index(group_ids_N)
-  mu_G, sd_G, cnt_G = _group_stats(scores_N, g_N, n, ddof=1)
-  single_G = cnt_G == 1
-  mu_G[single_G], sd_G[single_G] = 0.0, 1.0
-  return _normalize(scores_N, mu_G[g_N], sd_G[g_N], mode)
+  return _grpo(scores_N, g_N, scores_N, g_N, n, 1, mode)
 
 
 def grpo_trajectory_advantages(scores_N: np.ndarray, returns_N: np.ndarray, group_ids_N: np.ndarray,
@@ -137,6 +150,7 @@ def grpo_trajectory_advantages(scores_N: np.ndarray, returns_N: np.ndarray, grou
   """Paper's GRPO: μ_g and *population* σ_g over the returns R(τ) of group g's trajectories (each counted once),
   then A_i = (s_i − μ_g)/(σ_g + 1e-6) on every step-sample of τ (s_i = R(τ) unless penalized).
   A group of one trajectory has μ=0, σ=1."""
+  _same_length(scores_N=scores_N, returns_N=returns_N, group_ids_N=group_ids_N, traj_ids_N=traj_ids_N)
   scores_N, returns_N = np.asarray(scores_N, np.float64), np.asarray(returns_N, np.float64)
   g_N, n = _index(group_ids_N)
   t_N, k = _index(group_ids_N, traj_ids_N)
@@ -145,16 +159,14 @@ def grpo_trajectory_advantages(scores_N: np.ndarray, returns_N: np.ndarray, grou
   ret_K = returns_N[first_K]
   if not np.array_equal(ret_K[t_N], returns_N):
     raise ValueError("returns_N must be constant within each trajectory (it is R(τ) of the sample's trajectory)")
-  mu_G, sd_G, cnt_G = _group_stats(ret_K, g_N[first_K], n, ddof=0)
-  single_G = cnt_G == 1
-  mu_G[single_G], sd_G[single_G] = 0.0, 1.0
-  return _normalize(scores_N, mu_G[g_N], sd_G[g_N], mode)
+  return _grpo(scores_N, g_N, ret_K, g_N[first_K], n, 0, mode)
 
 
 def discounted_returns(rewards_N: np.ndarray, group_ids_N: np.ndarray, traj_ids_N: np.ndarray,
                        step_idx_N: np.ndarray, gamma: float) -> np.ndarray:
   """GiGPO step return G_t = Σ_{k≥t} γ^{k−t} r_k inside each trajectory (verl-agent
   compute_step_discounted_returns). Steps of a trajectory must be numbered 0..len−1 exactly once."""
+  _same_length(rewards_N=rewards_N, group_ids_N=group_ids_N, traj_ids_N=traj_ids_N, step_idx_N=step_idx_N)
   rewards_N, step_N = np.asarray(rewards_N, np.float64), np.asarray(step_idx_N, np.int64)
   t_N, k = _index(group_ids_N, traj_ids_N)
   if len(t_N) == 0:
@@ -175,9 +187,8 @@ def anchor_groups(observations: Sequence[str], group_ids_N: np.ndarray, similari
   cluster's first observation (verl-agent build_step_group). Returns dense group ids [N]."""
   if not 0.0 < similarity <= 1.0:
     raise ValueError(f"similarity={similarity} must be in (0, 1]")
+  _same_length(observations=observations, group_ids_N=group_ids_N)
   g_N, _ = _index(np.asarray(group_ids_N))
-  if len(g_N) != len(observations):
-    raise ValueError(f"{len(observations)} observations for {len(g_N)} group ids")
   anchor_N = np.zeros(len(g_N), np.int64)
   reps: dict[int, list[tuple[str, int]]] = {}  # task group → [(cluster's first obs, anchor id)]
   seen: dict[tuple[int, str], int] = {}  # (task group, obs) → anchor id; exact repeats skip the similarity scan
@@ -198,6 +209,7 @@ def anchor_groups(observations: Sequence[str], group_ids_N: np.ndarray, similari
 def gigpo_step_advantages(step_returns_N: np.ndarray, anchor_N: np.ndarray, mode: str) -> np.ndarray:
   """GiGPO A^S: normalize the discounted step returns within each anchor-state group (unbiased σ);
   a singleton anchor group gets 0."""
+  _same_length(step_returns_N=step_returns_N, anchor_N=anchor_N)
   x_N = np.asarray(step_returns_N, np.float64)
   a_N, n = _index(anchor_N)
   mu_G, sd_G, cnt_G = _group_stats(x_N, a_N, n, ddof=1)

@@ -61,6 +61,8 @@ def test_grpo_group_of_one_and_all_equal():
 def test_grpo_bad_input():
   with pytest.raises(ValueError, match="norm_mode"):
     ob.grpo_step_advantages(np.ones(2), np.zeros(2), "std")
+  with pytest.raises(ValueError, match="differ in length"):
+    ob.grpo_step_advantages(np.ones(3), np.zeros(2), "mean_norm")
   with pytest.raises(ValueError, match="constant within each trajectory"):
     ob.grpo_trajectory_advantages(np.ones(2), np.array([1., 2.]), np.zeros(2), np.zeros(2), "mean_norm")
 
@@ -168,6 +170,9 @@ def test_kl_estimators():
   close(ob.kl_BT(logp, ref, "k2"), [0.5, 0.5, 1250., 1250.])
   # k3: x = ℓ_ref − ℓ: e^x − x − 1 = [e^−1, e − 2, clamp(e^20 − 21), clamp(e^−20 + 19)].
   close(ob.kl_BT(logp, ref, "low_var_kl"), [0.3678794, 0.7182818, 10., 10.])
+  # ℓ_ref − ℓ = 100 would overflow exp in fp32: the inner clamp keeps value and gradient finite.
+  g = jax.grad(lambda lp: ob.kl_BT(lp, jnp.zeros(2), "low_var_kl").sum())(jnp.array([-100., -1.]))
+  close(g, [0., 1. - math.exp(1.)])  # d/dℓ [e^{−ℓ} + ℓ − 1] = 1 − e^{−ℓ}; 0 where clamped
   with pytest.raises(ValueError, match="kl_estimator"):
     ob.kl_BT(logp, ref, "k4")
 
@@ -276,6 +281,14 @@ def test_seed_loss_advantage_variants():
   # reverse_kl_adv: A = 1 + sg(ℓ_skill − ℓ) = [1.6, 0.7].
   close(run("reverse_kl_adv"), (-1.6 * r0 - 0.7) / 2)
   close(run("none"), (-r0 - 1.) / 2)
+  # The shaped advantage is built from stop-gradient quantities: no gradient into teacher or old log-probs.
+  for variant in ("teacher_adv", "reverse_kl_adv"):
+    cfg = ob.SeedLossConfig(opd_variant=variant, entropy_coef=0., kl_coef=0.)
+    f = lambda old, skill, cfg=cfg: ob.seed_loss(
+        logp, old_logp_BT=old, adv=jnp.ones(1), mask_BT=mask, norm=ob.loss_normalizers(mask, analyzed, "token-mean"),
+        cfg=cfg, skill_logp_BT=skill, opd_mask_B=analyzed)[0]
+    for g in jax.grad(f, argnums=(0, 1))(jnp.array([[-1., -2.]]), jnp.array([[-0.5, -2.3]])):
+      assert np.all(np.asarray(g) == 0.), variant
   # Its gradient is the PPO one for the shaped A: −A·r/N on unclipped tokens.
   close(jax.grad(lambda lp: ob.seed_loss(
       lp, old_logp_BT=jnp.array([[-1., -2.]]), adv=jnp.ones(1), mask_BT=mask,
