@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import random
 import re
 from typing import Any, Sequence
@@ -250,6 +251,7 @@ _COLORS = {"wall": (96, 84, 78), "mortar": (60, 52, 48), "floor": (236, 232, 214
            "box": (170, 112, 48), "box_edge": (105, 64, 24), "box_done": (82, 160, 72), "player": (48, 96, 214)}
 
 
+@functools.lru_cache(maxsize=8)
 def _tiles(t: int) -> dict[str, np.ndarray]:
   yy, xx = np.mgrid[0:t, 0:t]
   floor = np.empty((t, t, 3), np.uint8)
