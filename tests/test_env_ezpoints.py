@@ -144,6 +144,11 @@ def test_parse_action_and_prompt():
   cfg.observation = "image"
   prompt = ezpoints.FAMILY.render_prompt(obs.task_description, [], obs, cfg)
   assert "<image>\nFormula: (empty)" in prompt and "queen" not in prompt
+  cfg.render_image = False
+  with pytest.raises(ValueError, match="render_image"):
+    ezpoints.FAMILY.make_env(cfg)
+  cfg.observation = "text"
+  assert ezpoints.FAMILY.make_env(cfg).reset(_task(["HQ", "S2"])).info == {}
 
 
 def test_task_panels():

@@ -80,10 +80,12 @@ def test_server_speaks_search_r1_protocol(server):
   first = reply["result"][0][0]
   assert set(first) == {"document", "score"} and first["document"]["contents"].startswith('"Canberra"\n')
   assert reply["result"][0][0]["score"] >= reply["result"][0][1]["score"]
-  status, reply = _post(server.url, {"queries": ["highest mountain above sea level"], "topk": 1})  # no scores: bare docs
+  # Without return_scores the items are the bare documents.
+  status, reply = _post(server.url, {"queries": ["highest mountain above sea level"], "topk": 1})
   assert status == 200 and reply["result"][0][0]["id"] == "3"
   assert _post(server.url, {"queries": "not a list"})[0] == 400
   assert _post(server.url, b"{broken")[0] == 400
+  assert _post(server.url, [1, 2])[0] == 400
 
 
 def test_client_formats_passages(server):

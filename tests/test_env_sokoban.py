@@ -149,3 +149,8 @@ def test_prompt_and_tasks():
   cfg.observation = "pixels"
   with pytest.raises(ValueError, match="observation"):
     sokoban.FAMILY.make_env(cfg)
+  cfg.observation, cfg.render_image = "image", False
+  with pytest.raises(ValueError, match="render_image"):
+    sokoban.FAMILY.make_env(cfg)
+  cfg.observation = "text"
+  assert "image" not in sokoban.FAMILY.make_env(cfg).reset(tasks[0]).info

@@ -43,6 +43,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.require_think = True  # a response without <think>...</think> is invalid
   cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
   cfg.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder
+  cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
   cfg.num_train_tasks = 10_000  # panel sizes; task i of a split deals from seed offset + i
   cfg.num_test_tasks = 128
   cfg.train_seed_offset = 0
@@ -199,8 +200,8 @@ class EZPointsEnv:
   def _observation(self) -> base.Observation:
     text = (f"Cards: {card_name(self._cards[0])}, {card_name(self._cards[1])}\n"
             f"Formula: {' '.join(self._formula) if self._formula else '(empty)'}")
-    return base.Observation(text, f"build a formula from the two cards that evaluates to {TARGET}.", list(VOCAB),
-                            {"image": render_image(self._cards, self._formula)})
+    info = {"image": render_image(self._cards, self._formula)} if self.cfg.render_image else {}
+    return base.Observation(text, f"build a formula from the two cards that evaluates to {TARGET}.", list(VOCAB), info)
 
   def _available(self, tok: str) -> bool:
     used = [t for t in self._formula if t in NUMBERS].count(tok)
@@ -310,8 +311,9 @@ class EZPointsFamily:
   name = NAME
 
   def make_env(self, cfg: ml_collections.ConfigDict) -> EZPointsEnv:
-    if cfg.observation not in ("text", "image"):
-      raise ValueError(f"ezpoints observation must be 'text' or 'image', got {cfg.observation!r}")
+    if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
+      raise ValueError(f"ezpoints observation must be 'text' or 'image' (which needs render_image=True), got "
+                       f"observation={cfg.observation!r}, render_image={cfg.render_image}")
     return EZPointsEnv(cfg)
 
   def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

@@ -146,6 +146,8 @@ def _make_handler(index: BM25Index, default_topk: int) -> type[http.server.BaseH
         return
       try:
         req = json.loads(body)
+        if not isinstance(req, dict):
+          raise ValueError("the body must be a JSON object")
         queries, topk = req["queries"], req.get("topk") or default_topk
         if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
           raise ValueError("'queries' must be a list of strings")

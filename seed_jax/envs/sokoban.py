@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import random
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import ml_collections
 import numpy as np
@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.require_think = True  # a response without <think>...</think> is invalid
   cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's Sokoban setting uses none)
   cfg.observation = "text"  # "text": the grid goes in the prompt; "image": an <image> placeholder does
+  cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
   cfg.tile_px = 16  # pixels per cell of the RGB observation
   cfg.solver_max_states = 200_000  # BFS budget of the gold-path solver
   cfg.num_train_tasks = 10_000  # panel sizes; task i of a split uses seed offset + i
@@ -224,7 +225,8 @@ def _reverse_play(board: Board, player: Pos, depth: int) -> State | None:
 
 
 def generate_level(seed: int, dim: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 15,
-                   walk_steps: int = 20, p_change_directions: float = 0.35, max_tries: int = 200) -> tuple[Board, State]:
+                   walk_steps: int = 20, p_change_directions: float = 0.35,
+                   max_tries: int = 200) -> tuple[Board, State]:
   """A solvable level, identical for identical arguments on every platform."""
   if dim[0] < 3 or dim[1] < 3 or num_boxes < 1 or search_depth < 1:
     raise ValueError(f"sokoban generation: need dim >= 3x3, num_boxes >= 1, search_depth >= 1; got dim={dim}, "
@@ -315,8 +317,8 @@ class SokobanEnv:
   def _observation(self) -> base.Observation:
     assert self._board is not None and self._state is not None
     text = "\n".join(render_rows(self._board, self._state))
-    return base.Observation(text, self._task_description, list(ACTIONS),
-                            {"image": render_image(self._board, self._state, self.cfg.tile_px)})
+    info = {"image": render_image(self._board, self._state, self.cfg.tile_px)} if self.cfg.render_image else {}
+    return base.Observation(text, self._task_description, list(ACTIONS), info)
 
   def step(self, action: str) -> base.StepResult:
     if self._board is None or self._state is None or self._done:
@@ -422,8 +424,9 @@ class SokobanFamily:
   name = NAME
 
   def make_env(self, cfg: ml_collections.ConfigDict) -> SokobanEnv:
-    if cfg.observation not in ("text", "image"):
-      raise ValueError(f"sokoban observation must be 'text' or 'image', got {cfg.observation!r}")
+    if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
+      raise ValueError(f"sokoban observation must be 'text' or 'image' (which needs render_image=True), got "
+                       f"observation={cfg.observation!r}, render_image={cfg.render_image}")
     return SokobanEnv(cfg)
 
   def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
