@@ -235,7 +235,8 @@ def test_task_panel_from_jsonl(cfg):
   sub = search.FAMILY.tasks(cfg, "test")
   assert [t.family for t in sub] == ["NQ", "TriviaQA", "HotpotQA", "Bamboogle"]
   assert [t.task_id for t in sub] == [t.task_id for t in search.FAMILY.tasks(cfg, "test")]  # fixed panel
-  assert search.FAMILY.tasks(cfg, "train") == []
+  with pytest.raises(ValueError, match="train_files"):
+    search.FAMILY.tasks(cfg, "train")
   with pytest.raises(ValueError, match="split"):
     search.FAMILY.tasks(cfg, "dev")
 

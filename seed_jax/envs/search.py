@@ -270,6 +270,9 @@ def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   files = {"train": cfg.train_files, "test": cfg.test_files}.get(split)
   if files is None:
     raise ValueError(f"search split must be 'train' or 'test', got {split!r}")
+  if not _sources(files):
+    raise ValueError(f"search split {split!r} has no question sources: set {split}_files to .jsonl/.parquet "
+                     f"paths or tfds:NAME:SPLIT entries")
   by_source: dict[str, list[Question]] = {}
   for src in _sources(files):
     for q in load_questions(src, cfg.tfds_data_dir):
