@@ -1,0 +1,42 @@
+"""Median reset and step latency of the Sokoban and EZPoints envs (text + RGB observation each step).
+
+Prints one JSON line. Search-QA's step latency is measured by retriever_qps.py, since it needs a server.
+Usage: python -m benchmarks.env_step_latency
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+
+from seed_jax.envs import ezpoints, sokoban
+
+
+def measure(family, cfg, n_tasks: int, actions: list[str]) -> dict[str, float]:
+  env = family.make_env(cfg)
+  rng = random.Random(0)
+  resets, steps = [], []
+  for task in family.tasks(cfg, "test")[:n_tasks]:
+    t = time.perf_counter()
+    env.reset(task)
+    resets.append(time.perf_counter() - t)
+    done = False
+    while not done:
+      a = rng.choice(actions)
+      t = time.perf_counter()
+      done = env.step(a).done
+      steps.append(time.perf_counter() - t)
+  return {"reset_p50_ms": round(1e3 * statistics.median(resets), 3),
+          "step_p50_ms": round(1e3 * statistics.median(steps), 3), "steps": len(steps)}
+
+
+def main() -> None:
+  out = {"benchmark": "env_step_latency",
+         "sokoban_6x6_1box": measure(sokoban.FAMILY, sokoban.default_config(), 100, list(sokoban.ACTIONS)),
+         "ezpoints": measure(ezpoints.FAMILY, ezpoints.default_config(), 100, list(ezpoints.VOCAB))}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,330 @@
+"""EZPoints (gym-cards): build a formula from two cards that equals 12, one token per step.
+
+Tokens are a card's number "1".."10" (J, Q and K count 10, A counts 1), "+", "*" and "="; "=" evaluates the
+formula and ends the episode with reward 10 iff it equals 12 and both cards were used. Semantics, following
+gym-cards' EZPointEnv where it defines them:
+- a token outside that vocabulary, or a number that is not an unused card (a reused card, or a number no card
+  shows), is an invalid action: the formula is unchanged, reward 0, the episode goes on (info["invalid_action"]
+  names the reason); the step still counts toward max_steps.
+- operators are appended unchecked; "=" on a formula that does not parse (empty, leading/trailing/doubled
+  operator, or two adjacent numbers) ends the episode with reward 0 (info["parse_error"]). gym-cards evaluates
+  with Python's eval, where adjacent numbers would concatenate ("1" "2" -> 12); here they do not parse.
+- "=" with a card left unused ends the episode with reward 0, as in gym-cards.
+- the episode ends unsolved (info["truncated"]) after max_steps steps.
+Cards are dealt from a seed as gym-cards' `_generate_cards` does (every dealt pair is solvable); explicit
+pairs, solvable or not, can be given in Task.spec["cards"]. Observations: text and an RGB image (numpy).
+"""
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Any, Sequence
+
+import ml_collections
+import numpy as np
+
+from seed_jax.envs import base
+
+NAME = "ezpoints"
+TARGET = 12
+NUMBERS = tuple(str(v) for v in range(1, 11))
+VOCAB = NUMBERS + ("+", "*", "=")
+SUITS = {"H": "hearts", "D": "diamonds", "S": "spades", "C": "clubs"}
+RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
+_RANK_WORD = {"A": "ace", "J": "jack", "Q": "queen", "K": "king"}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  cfg = ml_collections.ConfigDict()
+  cfg.max_steps = 8  # tokens per episode; the env ends the episode there (info["truncated"])
+  cfg.success_reward = 10.0  # reward when "=" evaluates to 12 with both cards used
+  cfg.c_inv = 0.1  # SEED's invalid-action penalty (read by the pipeline, not by the env)
+  cfg.require_think = True  # a response without <think>...</think> is invalid
+  cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
+  cfg.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder
+  cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
+  cfg.num_train_tasks = 10_000  # panel sizes; task i of a split deals from seed offset + i
+  cfg.num_test_tasks = 128
+  cfg.train_seed_offset = 0
+  cfg.test_seed_offset = 1_000_000
+  return cfg
+
+
+def card_value(card: str) -> int:
+  """'H7' -> 7, 'SK' -> 10, 'CA' -> 1 (suit letter, then rank; 'T' also means 10)."""
+  suit, rank = card[:1].upper(), card[1:].upper().replace("T", "10")
+  if suit not in SUITS or rank not in RANKS:
+    raise ValueError(f"card {card!r}: expected a suit in {sorted(SUITS)} then a rank in {RANKS}")
+  return min(RANKS.index(rank) + 1, 10)
+
+
+def card_name(card: str) -> str:
+  rank = card[1:].upper().replace("T", "10")
+  return f"{_RANK_WORD.get(rank, rank)} of {SUITS[card[:1].upper()]}"
+
+
+def deal(seed: int) -> list[str]:
+  """gym-cards' _generate_cards: a first card 2..K, a second one that makes 12 with it by * (half the time
+  when the first divides 12) or by +, in random order."""
+  rng = random.Random(seed)
+  first = rng.randint(2, 13)
+  cards = [rng.choice(list(SUITS)) + RANKS[first - 1]]
+  v = min(first, 10)
+  second = TARGET // v if v in (1, 2, 3, 4, 6) and rng.random() <= 0.5 else TARGET - v
+  cards.append(rng.choice(list(SUITS)) + str(second))
+  return cards[::-1] if rng.random() <= 0.5 else cards
+
+
+def evaluate(tokens: Sequence[str]) -> int | None:
+  """Value of number (op number)* with * binding tighter than +; None if it does not parse."""
+  if len(tokens) % 2 == 0:
+    return None
+  total, product = 0, 1
+  for k, tok in enumerate(tokens):
+    if k % 2 == 0:
+      if tok not in NUMBERS:
+        return None
+      product *= int(tok)
+    elif tok == "+":
+      total, product = total + product, 1
+    elif tok != "*":
+      return None
+  return total + product
+
+
+def solution(values: Sequence[int]) -> list[str] | None:
+  """The oracle's tokens for two card values, or None when no formula makes 12."""
+  a, b = values
+  if a + b == TARGET:
+    return [str(a), "+", str(b), "="]
+  if a * b == TARGET:
+    return [str(a), "*", str(b), "="]
+  return None
+
+
+# ------------------------------------------------------------------------------------------ image
+
+# 5x7 bitmap glyphs for the card ranks, the formula tokens and the four suits (h, d, s, c).
+_GLYPHS = {
+    "0": (" ### ", "#   #", "#  ##", "# # #", "##  #", "#   #", " ### "),
+    "1": ("  #  ", " ##  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "),
+    "2": (" ### ", "#   #", "    #", "   # ", "  #  ", " #   ", "#####"),
+    "3": ("#####", "   # ", "  #  ", "   # ", "    #", "#   #", " ### "),
+    "4": ("   # ", "  ## ", " # # ", "#  # ", "#####", "   # ", "   # "),
+    "5": ("#####", "#    ", "#### ", "    #", "    #", "#   #", " ### "),
+    "6": ("  ## ", " #   ", "#    ", "#### ", "#   #", "#   #", " ### "),
+    "7": ("#####", "    #", "   # ", "  #  ", " #   ", " #   ", " #   "),
+    "8": (" ### ", "#   #", "#   #", " ### ", "#   #", "#   #", " ### "),
+    "9": (" ### ", "#   #", "#   #", " ####", "    #", "   # ", " ##  "),
+    "A": (" ### ", "#   #", "#   #", "#####", "#   #", "#   #", "#   #"),
+    "J": ("  ###", "   # ", "   # ", "   # ", "   # ", "#  # ", " ##  "),
+    "Q": (" ### ", "#   #", "#   #", "#   #", "# # #", "#  # ", " ## #"),
+    "K": ("#   #", "#  # ", "# #  ", "##   ", "# #  ", "#  # ", "#   #"),
+    "+": ("     ", "  #  ", "  #  ", "#####", "  #  ", "  #  ", "     "),
+    "*": ("     ", "# # #", " ### ", "#####", " ### ", "# # #", "     "),
+    "=": ("     ", "     ", "#####", "     ", "#####", "     ", "     "),
+    "h": ("     ", " # # ", "#####", "#####", " ### ", "  #  ", "     "),
+    "d": ("  #  ", " ### ", "#####", "#####", " ### ", "  #  ", "     "),
+    "s": ("  #  ", " ### ", "#####", "#####", "# # #", "  #  ", " ### "),
+    "c": ("  #  ", " ### ", "  #  ", "## ##", "#####", "  #  ", " ### "),
+}
+_GREEN, _WHITE, _RED, _BLACK, _GRAY = (53, 101, 77), (255, 255, 255), (200, 30, 30), (20, 20, 20), (150, 150, 150)
+
+
+@functools.lru_cache(maxsize=None)
+def _glyph(ch: str, scale: int) -> np.ndarray:
+  return np.kron(np.array([[c == "#" for c in row] for row in _GLYPHS[ch]]), np.ones((scale, scale), bool))
+
+
+def _draw_text(img: np.ndarray, text: str, y: int, x: int, scale: int, color: tuple[int, int, int]) -> None:
+  """Stamps glyphs left to right (6 x scale pixels per character), clipped at the image border."""
+  for ch in text:
+    if ch in _GLYPHS:
+      mask = _glyph(ch, scale)
+      h, w = min(mask.shape[0], img.shape[0] - y), min(mask.shape[1], img.shape[1] - x)
+      if h > 0 and w > 0:
+        img[y:y + h, x:x + w][mask[:h, :w]] = color
+    x += 6 * scale
+
+
+def render_image(cards: Sequence[str], formula: Sequence[str], size: int = 300) -> np.ndarray:
+  """uint8 [size, size, 3]: the two cards side by side on a green table (gym-cards' layout) and the formula."""
+  img = _render_table(tuple(cards), size).copy()
+  _draw_text(img, " ".join(formula), int(size * 0.86), 10, 2, _WHITE)
+  return img
+
+
+@functools.lru_cache(maxsize=64)
+def _render_table(cards: tuple[str, ...], size: int) -> np.ndarray:
+  img = np.empty((size, size, 3), np.uint8)
+  img[:] = _GREEN
+  cw = int(size / len(cards) * 0.9)
+  ch = cw * 7 // 5
+  for i, card in enumerate(cards):
+    x0, y0 = 5 + int(i * cw * 1.1), (size - ch) // 2
+    img[y0:y0 + ch, x0:x0 + cw] = _GRAY
+    img[y0 + 2:y0 + ch - 2, x0 + 2:x0 + cw - 2] = _WHITE
+    rank, suit = card[1:].upper().replace("T", "10"), card[0].lower()
+    color = _RED if suit in "hd" else _BLACK
+    _draw_text(img, rank, y0 + 8, x0 + 8, 2, color)
+    _draw_text(img, suit, y0 + 26, x0 + 8, 2, color)
+    scale = 6 if len(rank) == 1 else 5
+    _draw_text(img, rank, y0 + ch // 2 - 7 * scale // 2 - 10, x0 + (cw - (6 * len(rank) - 1) * scale) // 2, scale,
+               color)
+    _draw_text(img, suit, y0 + ch // 2 + 7 * scale // 2, x0 + (cw - 5 * 4) // 2, 4, color)
+  img.flags.writeable = False  # shared by the cache: callers draw on a copy
+  return img
+
+
+# ------------------------------------------------------------------------------------------ env
+
+
+class EZPointsEnv:
+
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    self.cfg = cfg
+    self._cards: list[str] = []
+    self._values: list[int] = []
+    self._formula: list[str] = []
+    self._steps, self._done = 0, True
+
+  def reset(self, task: base.Task) -> base.Observation:
+    cards = task.spec["cards"] if "cards" in task.spec else deal(int(task.spec["seed"]))
+    if len(cards) != 2:
+      raise ValueError(f"ezpoints task {task.task_id!r}: expected two cards, got {cards!r}")
+    self._values = [card_value(c) for c in cards]  # validates the card codes
+    self._cards, self._formula, self._steps, self._done = list(cards), [], 0, False
+    return self._observation()
+
+  def _observation(self) -> base.Observation:
+    text = (f"Cards: {card_name(self._cards[0])}, {card_name(self._cards[1])}\n"
+            f"Formula: {' '.join(self._formula) if self._formula else '(empty)'}")
+    info = {"image": render_image(self._cards, self._formula)} if self.cfg.render_image else {}
+    return base.Observation(text, f"build a formula from the two cards that evaluates to {TARGET}.", list(VOCAB), info)
+
+  def _available(self, tok: str) -> bool:
+    used = [t for t in self._formula if t in NUMBERS].count(tok)
+    return used < self._values.count(int(tok))
+
+  def step(self, action: str) -> base.StepResult:
+    if not self._cards or self._done:
+      raise ValueError("EZPointsEnv.step called before reset or after the episode ended")
+    tok = action.strip()
+    info: dict[str, Any] = {"success": False, "score": 0.0, "invalid_action": "", "truncated": False}
+    reward, done = 0.0, False
+    if tok not in VOCAB:
+      info["invalid_action"] = "unknown_character"
+    elif tok in NUMBERS and not self._available(tok):
+      info["invalid_action"] = "card_not_available"
+    elif tok == "=":
+      done, value = True, evaluate(self._formula)
+      all_used = sorted(int(t) for t in self._formula if t in NUMBERS) == sorted(self._values)
+      info.update(value=value, parse_error=value is None, cards_unused=not all_used)
+      if value == TARGET and all_used:
+        reward = self.cfg.success_reward
+        info.update(success=True, score=1.0)
+    else:
+      self._formula.append(tok)
+    self._steps += 1
+    if not done and self._steps >= self.cfg.max_steps:
+      done, info["truncated"] = True, True
+    self._done = done
+    info["formula"] = " ".join(self._formula)
+    return base.StepResult(self._observation(), reward, done, info)
+
+  def gold_actions(self) -> list[str] | None:
+    return solution(self._values) if self._values else None
+
+  def close(self) -> None:
+    pass
+
+
+# ------------------------------------------------------------------------------------------ prompts and actions
+
+# Private stand-in for the shared <think>/<action> parser (seed_jax.envs.prompting); replace it with that once
+# it lands. SEED's rule: lower-case, take the text between the first <action> and </action>; invalid when the
+# tags (or, if required, the think tags) are missing or the text has CJK characters; an invalid output is sent
+# to the env as its last 30 characters.
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+def _action_text(response: str, require_think: bool) -> tuple[str | None, str]:
+  low = response.lower()
+  start, end = low.find("<action>"), low.find("</action>")
+  if start == -1 or end == -1 or end < start:
+    return None, "no_action_tags"
+  if require_think and (low.find("<think>") == -1 or low.find("</think>") == -1):
+    return None, "no_think_tags"
+  if _CJK_RE.search(response):
+    return None, "cjk"
+  text = low[start + len("<action>"):end].strip()
+  return (text, "") if text else (None, "empty")
+
+
+def parse_ezpoints_action(response: str, require_think: bool = True) -> base.ParsedAction:
+  """Valid iff the action text is one token of the vocabulary (surrounding quotes are ignored)."""
+  text, reason = _action_text(response, require_think)
+  if text is None:
+    return base.ParsedAction(response[-30:], False, reason)
+  tok = text.strip("'\"` ")
+  if tok not in VOCAB:
+    return base.ParsedAction(response[-30:], False, "not_admissible")
+  return base.ParsedAction(tok, True)
+
+
+def render_ezpoints_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                           cfg: ml_collections.ConfigDict) -> str:
+  lines = ["You are an expert card game player.",
+           f"{base.TASK_LINE_PREFIX} {task_description}",
+           "Rules: J, Q and K count as 10 and A counts as 1. Use each card exactly once, with + and *. Each step "
+           "appends one token to the formula: a card's number (1 to 10), \"+\", \"*\" or \"=\"; \"=\" evaluates "
+           "the formula and ends the game."]
+  past = list(history)[-cfg.history_length:] if cfg.history_length > 0 else []
+  for k, (o, a) in enumerate(past, len(history) - len(past) + 1):
+    lines += [f"Step {k} observation:", o, f"Step {k} action: {a}"]
+  current = obs.text if cfg.observation == "text" else "<image>\n" + obs.text.splitlines()[-1]
+  lines += ["Current observation:", current,
+            f"Your admissible actions are {list(VOCAB)}.",
+            "First reason inside <think> </think> about which formula of the two cards makes 12 and which token "
+            "comes next. Then give exactly one token inside <action> </action>.",
+            f"{base.TURN_LINE_PREFIX} to append one token: reply <think> ... </think><action> token </action>."]
+  return "\n".join(lines)
+
+
+def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+  sizes = {"train": (cfg.num_train_tasks, cfg.train_seed_offset), "test": (cfg.num_test_tasks, cfg.test_seed_offset)}
+  if split not in sizes:
+    raise ValueError(f"ezpoints split must be 'train' or 'test', got {split!r}")
+  n, offset = sizes[split]
+  tasks = []
+  for seed in range(offset, offset + n):
+    cards = deal(seed)
+    gold = solution([card_value(c) for c in cards])
+    tasks.append(base.Task(f"ezpoints-{split}-{seed}", split, NAME, {"seed": seed, "cards": cards},
+                           "sum" if gold and gold[1] == "+" else "product"))
+  return tasks
+
+
+class EZPointsFamily:
+  """The EZPoints EnvFamily; `cfg` everywhere is this module's default_config() shape."""
+  name = NAME
+
+  def make_env(self, cfg: ml_collections.ConfigDict) -> EZPointsEnv:
+    if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
+      raise ValueError(f"ezpoints observation must be 'text' or 'image' (which needs render_image=True), got "
+                       f"observation={cfg.observation!r}, render_image={cfg.render_image}")
+    return EZPointsEnv(cfg)
+
+  def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+    return build_tasks(cfg, split)
+
+  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                    cfg: ml_collections.ConfigDict) -> str:
+    return render_ezpoints_prompt(task_description, history, obs, cfg)
+
+  def parse_action(self, response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
+    return parse_ezpoints_action(response, cfg.require_think)
+
+
+FAMILY = EZPointsFamily()

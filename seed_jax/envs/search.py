@@ -1,0 +1,349 @@
+"""Search-QA: answer an open-domain question in up to `max_steps` turns with a retriever at hand.
+
+Each turn the agent either searches (`<search>query</search>`: the top-k passages come back as
+`<information>...</information>` in the next observation) or answers (`<answer>text</answer>`: the episode
+ends). Reward = success_reward x exact match of the normalized answer against any gold answer (the
+SQuAD / Search-R1 normalization); info["score"] = EM. Retrieval goes over HTTP to any Search-R1 compatible
+server (see retriever.py, which also holds the built-in BM25 one); an unreachable server fails the health
+check when the first env is made, not mid-run.
+
+Questions come from local JSONL/parquet files (fields question, golden_answers, data_source; Search-R1's
+parquet layout with reward_model.ground_truth.target is accepted too) or from prepared TFDS datasets named
+`tfds:NAME[/CONFIG]:SPLIT` (e.g. `tfds:natural_questions_open:validation`). Task.family is the data source
+(NQ, TriviaQA, ...), so evaluation reports accuracy per source.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import string
+from typing import Any, Iterator, Sequence
+
+import ml_collections
+import numpy as np
+
+from seed_jax.envs import base
+from seed_jax.envs.retriever import Passage, RetrieverClient
+
+NAME = "search"
+
+
+def default_config() -> ml_collections.ConfigDict:
+  cfg = ml_collections.ConfigDict()
+  cfg.max_steps = 4  # turns per episode; the env ends an unanswered episode there (info["truncated"])
+  cfg.history_length = 4  # past (observation, action) pairs shown in the prompt
+  cfg.success_reward = 10.0  # env reward for an exact-match answer (the other text envs also give 10)
+  cfg.c_inv = 0.01  # SEED's invalid-action penalty for Search (read by the pipeline, not by the env)
+  cfg.require_think = False  # whether a response without <think>...</think> is invalid (Search-R1 does not)
+  cfg.retriever_url = "http://127.0.0.1:8000/retrieve"  # Search-R1 style POST endpoint
+  cfg.topk = 3  # passages appended per search
+  cfg.timeout_s = 10.0  # per HTTP request
+  cfg.retries = 2  # extra attempts after a connection error or a 5xx reply
+  cfg.backoff_s = 0.5  # first retry delay; doubles each attempt
+  cfg.health_check = True  # probe the retriever once per process when an env is made
+  # Question sources per split, comma-separated: paths to .jsonl/.parquet files or tfds:NAME[/CONFIG]:SPLIT.
+  cfg.train_files = ""
+  cfg.test_files = ""
+  cfg.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
+  cfg.max_tasks_per_source = 0  # >0: a fixed seeded subset of that many questions per data source
+  cfg.panel_seed = 0  # seed of that subset (panels are identical on every run and host)
+  return cfg
+
+
+# ------------------------------------------------------------------------------------------ answers and EM
+
+
+_PUNCT = frozenset(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+  """SQuAD's normalize_answer, as used by Search-R1's em_check: lower-case, drop punctuation, drop the
+  articles a/an/the, collapse whitespace."""
+  s = s.lower()
+  s = "".join(ch for ch in s if ch not in _PUNCT)
+  s = re.sub(r"\b(a|an|the)\b", " ", s)
+  return " ".join(s.split())
+
+
+def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+  pred = normalize_answer(prediction)
+  return float(any(pred == normalize_answer(g) for g in golden_answers))
+
+
+def format_passages(passages: Sequence[Passage]) -> str:
+  """Search-R1's `_passages2string` layout: one 'Doc i(Title: t) text' line per passage."""
+  return "".join(f"Doc {i}(Title: {p.title}) {p.text}\n" for i, p in enumerate(passages, 1))
+
+
+# ------------------------------------------------------------------------------------------ actions
+
+_BLOCK_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
+_OPEN_RE = re.compile(r"<(search|answer)>", re.IGNORECASE)
+_THINK_RE = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
+
+
+def _first_block(text: str) -> tuple[str, str] | None:
+  """(kind, stripped content) of the earliest complete <search>/<answer> block."""
+  m = _BLOCK_RE.search(text)
+  return (m.group(1).lower(), m.group(2).strip()) if m else None
+
+
+def parse_search_action(response: str, require_think: bool = False) -> base.ParsedAction:
+  """Valid iff the response holds exactly one <search> or <answer> tag, closed, non-empty (and a think
+  block when required). The env is sent the earliest complete block in canonical form, as in verl-agent's
+  search_projection, even when the response is invalid; with no complete block, the last 30 characters."""
+  block = _first_block(response)
+  opens = [m.group(1).lower() for m in _OPEN_RE.finditer(response)]
+  if block is None:
+    return base.ParsedAction(response[-30:], False, "no_action_tags")
+  action = f"<{block[0]}>{block[1]}</{block[0]}>"
+  if len(opens) > 1:
+    return base.ParsedAction(action, False, "multiple_actions")
+  if not block[1]:
+    return base.ParsedAction(action, False, "empty")
+  if require_think and not _THINK_RE.search(response):
+    return base.ParsedAction(action, False, "no_think_tags")
+  return base.ParsedAction(action, True)
+
+
+# ------------------------------------------------------------------------------------------ env
+
+INVALID_TEXT = ("Invalid action: no <search> query </search> or <answer> answer </answer> was found, "
+                "so nothing happened.")
+
+
+class SearchEnv:
+  """One Search-QA episode at a time; the retriever client is owned by the env."""
+
+  def __init__(self, client: RetrieverClient, cfg: ml_collections.ConfigDict):
+    self.client, self.cfg = client, cfg
+    self._task: base.Task | None = None
+    self._turn, self._done = 0, True
+
+  def reset(self, task: base.Task) -> base.Observation:
+    if not task.spec.get("question") or not task.spec.get("golden_answers"):
+      raise ValueError(f"search task {task.task_id!r}: spec needs 'question' and 'golden_answers', got {task.spec}")
+    self._task, self._turn, self._done = task, 0, False
+    q = task.spec["question"]
+    return base.Observation(text=q, task_description=q, info={"turn": 0})
+
+  def step(self, action: str) -> base.StepResult:
+    if self._task is None or self._done:
+      raise ValueError("SearchEnv.step called before reset or after the episode ended")
+    self._turn += 1
+    question = self._task.spec["question"]
+    info: dict[str, Any] = {"success": False, "score": 0.0, "turn": self._turn, "truncated": False,
+                            "data_source": self._task.spec.get("data_source", "")}
+    block = _first_block(action)
+    reward, done = 0.0, False
+    if block is not None and block[0] == "answer":
+      em = exact_match(block[1], self._task.spec["golden_answers"])
+      reward, done, text = self.cfg.success_reward * em, True, f"Your answer: {block[1]}"
+      info.update(success=em == 1.0, score=em, answer=block[1])
+    elif block is not None and block[1]:
+      passages = self.client.retrieve([block[1]], self.cfg.topk)[0]
+      text = f"<information>{format_passages(passages) or 'No results.'}</information>"
+      info["query"] = block[1]
+    else:
+      text, info["invalid_action"] = INVALID_TEXT, True
+    if not done and self._turn >= self.cfg.max_steps:
+      done, info["truncated"] = True, True
+    self._done = done
+    return base.StepResult(base.Observation(text, question, info={"turn": self._turn}), reward, done, info)
+
+  def gold_actions(self) -> list[str] | None:
+    """Answering at once with the first gold answer is a gold path."""
+    return None if self._task is None else [f"<answer>{self._task.spec['golden_answers'][0]}</answer>"]
+
+  def close(self) -> None:
+    self.client.close()
+
+
+# ------------------------------------------------------------------------------------------ datasets
+
+# Reporting names of the Search-R1 evaluation sources (Task.family); unknown sources keep their own name.
+SOURCE_NAMES = {"nq": "NQ", "natural_questions_open": "NQ", "triviaqa": "TriviaQA", "trivia_qa": "TriviaQA",
+                "popqa": "PopQA", "hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "2wiki": "2Wiki",
+                "musique": "MuSiQue", "bamboogle": "Bamboogle"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+  qid: str
+  question: str
+  golden_answers: tuple[str, ...]
+  data_source: str
+
+
+def _as_str_list(x: Any) -> list[str]:
+  if x is None:
+    return []
+  if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+    x = [x]
+  return [v.decode() if isinstance(v, bytes) else str(v) for v in x]
+
+
+def _question_from_row(row: dict[str, Any], where: str, default_source: str) -> Question:
+  q = row.get("question")
+  answers = row.get("golden_answers")
+  if answers is None:  # Search-R1's processed parquet keeps the answers under reward_model
+    answers = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+  answers = [a for a in _as_str_list(answers) if a.strip()]
+  if not isinstance(q, str) or not q.strip() or not answers:
+    raise ValueError(f"{where}: a question row needs a non-empty 'question' and 'golden_answers', "
+                     f"got keys {sorted(row)}")
+  q = q.strip()
+  if not q.endswith("?"):  # as Search-R1's make_prefix does
+    q += "?"
+  source = str(row.get("data_source") or default_source)
+  return Question(str(row.get("id", "")), q, tuple(answers), source)
+
+
+def _read_rows(path: str) -> Iterator[dict[str, Any]]:
+  if path.endswith(".jsonl"):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        if line.strip():
+          yield json.loads(line)
+  elif path.endswith(".parquet"):
+    try:
+      import pyarrow.parquet as pq  # only this code path needs pyarrow
+    except ImportError as e:
+      raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from e
+    yield from pq.read_table(path).to_pylist()
+  else:
+    raise ValueError(f"question file {path!r}: expected a .jsonl or .parquet file or tfds:NAME:SPLIT")
+
+
+def _tfds_rows(name: str, split: str, data_dir: str) -> Iterator[dict[str, Any]]:
+  """Rows of a prepared TFDS dataset, in Search-R1 field names. Reads array_record datasets without
+  tensorflow (tfds.data_source); tfrecord ones need tensorflow installed."""
+  try:
+    import tensorflow_datasets as tfds  # a user-side dataset path: imported only here
+  except ImportError as e:
+    raise ImportError(f"loading tfds:{name}:{split} needs tensorflow-datasets (pip install tensorflow-datasets) "
+                      f"and the dataset prepared under its data_dir") from e
+  builder = tfds.builder(name, data_dir=data_dir or None)
+  if builder.info.file_format.value == "array_record":
+    examples: Any = builder.as_data_source(split=split)
+  else:
+    try:
+      examples = tfds.as_numpy(builder.as_dataset(split=split))
+    except ImportError as e:
+      raise ImportError(f"tfds:{name} is stored as {builder.info.file_format.value}, which needs tensorflow; "
+                        f"install it or prepare the dataset with file_format='array_record'") from e
+  base_name = name.split("/")[0]
+  for i, ex in enumerate(examples):
+    ans = ex["answer"]
+    if isinstance(ans, dict):  # trivia_qa: the canonical value, then its aliases
+      answers = list(dict.fromkeys(_as_str_list(ans["value"]) + _as_str_list(ans["aliases"])))
+    else:  # natural_questions_open and other flat answer lists
+      answers = _as_str_list(ans)
+    qid = ex.get("question_id", i)
+    yield {"id": _as_str_list(qid)[0], "question": _as_str_list(ex["question"])[0], "golden_answers": answers,
+           "data_source": base_name}
+
+
+def load_questions(source: str, tfds_data_dir: str = "") -> list[Question]:
+  """All questions of one source: a .jsonl/.parquet path or tfds:NAME[/CONFIG]:SPLIT."""
+  if source.startswith("tfds:"):
+    parts = source.split(":")
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+      raise ValueError(f"question source {source!r}: expected tfds:NAME[/CONFIG]:SPLIT")
+    rows: Iterator[dict[str, Any]] = _tfds_rows(parts[1], parts[2], tfds_data_dir)
+    default_source = parts[1].split("/")[0]
+  else:
+    if not os.path.exists(source):
+      raise ValueError(f"question file {source!r} does not exist")
+    rows, default_source = _read_rows(source), os.path.splitext(os.path.basename(source))[0]
+  return [_question_from_row(r, f"{source} row {i}", default_source) for i, r in enumerate(rows)]
+
+
+def _sources(spec: str | Sequence[str]) -> list[str]:
+  items = spec.split(",") if isinstance(spec, str) else list(spec)
+  return [s.strip() for s in items if s.strip()]
+
+
+def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+  files = {"train": cfg.train_files, "test": cfg.test_files}.get(split)
+  if files is None:
+    raise ValueError(f"search split must be 'train' or 'test', got {split!r}")
+  if not _sources(files):
+    raise ValueError(f"search split {split!r} has no question sources: set {split}_files to .jsonl/.parquet "
+                     f"paths or tfds:NAME:SPLIT entries")
+  by_source: dict[str, list[Question]] = {}
+  for src in _sources(files):
+    for q in load_questions(src, cfg.tfds_data_dir):
+      by_source.setdefault(q.data_source, []).append(q)
+  tasks, seen = [], set()
+  for source, qs in by_source.items():  # sources in order of first appearance, file order inside
+    keep = range(len(qs))
+    if 0 < cfg.max_tasks_per_source < len(qs):
+      keep = sorted(np.random.default_rng(cfg.panel_seed).choice(len(qs), cfg.max_tasks_per_source, replace=False))
+    for i in keep:
+      q = qs[i]
+      task_id = f"{source}:{q.qid or i}"
+      if task_id in seen:
+        raise ValueError(f"duplicate question id {task_id!r} in split {split!r}")
+      seen.add(task_id)
+      spec = {"question": q.question, "golden_answers": list(q.golden_answers), "data_source": source}
+      tasks.append(base.Task(task_id, split, NAME, spec, SOURCE_NAMES.get(source.lower(), source)))
+  return tasks
+
+
+# ------------------------------------------------------------------------------------------ family
+
+_CHECKED_URLS: set[str] = set()  # one health check per retriever per process
+
+
+def make_client(cfg: ml_collections.ConfigDict) -> RetrieverClient:
+  client = RetrieverClient(cfg.retriever_url, cfg.timeout_s, cfg.retries, cfg.backoff_s)
+  if cfg.health_check and cfg.retriever_url not in _CHECKED_URLS:
+    client.check()  # raises RetrieverUnavailableError naming the URL
+    _CHECKED_URLS.add(cfg.retriever_url)
+  return client
+
+
+def render_search_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                         cfg: ml_collections.ConfigDict) -> str:
+  lines = ["You are an expert agent answering a question step by step, with a search engine at hand.",
+           f"{base.TASK_LINE_PREFIX} answer the question: {task_description}"]
+  past = list(history)[-cfg.history_length:] if cfg.history_length > 0 else []
+  if past:
+    lines.append(f"So far you have taken {len(history)} step(s). Your past search queries are in <search> </search> "
+                 "and the search engine's results in <information> </information>:")
+    for o, a in past:
+      if o != task_description:  # the first observation is the question itself, already stated above
+        lines.append(o)
+      lines.append(a)
+  if obs.text != task_description:
+    lines.append(obs.text)
+  lines += ["First reason inside <think> </think>. Then take exactly one action:",
+            "(1) if you lack knowledge, search with <search> your query </search>;",
+            "(2) if you can answer confidently, give only the final answer in <answer> </answer>, "
+            "e.g. <answer>Beijing</answer>.",
+            f"{base.TURN_LINE_PREFIX} to respond with one <search> </search> or one <answer> </answer>."]
+  return "\n".join(lines)
+
+
+class SearchFamily:
+  """The Search-QA EnvFamily; `cfg` everywhere is this module's default_config() shape."""
+  name = NAME
+
+  def make_env(self, cfg: ml_collections.ConfigDict) -> SearchEnv:
+    return SearchEnv(make_client(cfg), cfg)
+
+  def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+    return build_tasks(cfg, split)
+
+  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                    cfg: ml_collections.ConfigDict) -> str:
+    return render_search_prompt(task_description, history, obs, cfg)
+
+  def parse_action(self, response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
+    return parse_search_action(response, cfg.require_think)
+
+
+FAMILY = SearchFamily()
