@@ -1,0 +1,69 @@
+"""Shared defaults of every run; environment configs start from `get_base()` and override."""
+import ml_collections
+
+from seed_jax import objectives, skills, update
+from seed_jax.infra import checkpoint, metrics
+
+
+def get_base() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.stage = "rl"  # "rl" (SEED / GRPO) | "generate" (answer `generate.prompt` with the model and exit)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.path = "embedded"  # HF checkpoint folder, .gguf file, or "embedded" (SmolLM2-135M-Instruct)
+  c.model.tokenizer = ""  # "" = from model.path
+  c.model.max_prompt_tokens = 1024  # step prompts are fitted to this by dropping the oldest history pairs
+
+  c.env = ml_collections.ConfigDict()  # filled by the environment config (name + its default_config())
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.tasks_per_update = 16  # B: distinct task instances per update
+  c.rollout.group_size = 8  # G: envs per task, all reset to the same instance
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_new_tokens = 512
+  c.rollout.stop_strings = ("</action>",)  # generation of a row also ends at these (after EOS)
+
+  c.analyzer = skills.default_config()
+  c.analyzer.enabled = True  # False = plain GRPO baseline (no analysis, no OPD), same code path
+  c.analyzer.start_update = 0  # OPD active from this update ...
+  c.analyzer.stop_update = -1  # ... until this one (exclusive); -1 = to the end
+
+  c.objectives = objectives.default_config()
+  c.learner = update.default_config()  # the update step (optimizer, mini-batching, teacher)
+
+  c.sampler = ml_collections.ConfigDict()
+  c.sampler.dtype = "float32"  # "bfloat16": bf16 weights and KV cache in generation (fp32 logits/softmax)
+  c.sampler.max_batch = 64  # rows per generation call; more run as several calls
+
+  c.rescore = ml_collections.ConfigDict()
+  c.rescore.max_rows = 64  # contexts x samples per forward pass
+  c.rescore.vocab_chunk = 128  # response positions per vocabulary-projection chunk
+  c.rescore.dtype = "float32"
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_updates = 150
+  c.train.dump_trajectories = 4  # trajectories dumped as JSONL per update
+  c.train.checkpoint = checkpoint.default_config()
+  c.train.checkpoint.save_interval_steps = 1
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.temperature = 0.4
+  c.eval.split = "eval"
+  c.eval.max_tasks = 0  # 0 = the whole panel
+  c.eval.every = 10  # updates between evaluations (0 = never during training)
+  c.eval.at_end = True
+  c.eval.batch_envs = 0  # minimum pool size for evaluation (the pool has at least B*G envs)
+
+  c.log = metrics.default_config()
+
+  c.generate = ml_collections.ConfigDict()
+  c.generate.prompt = "What is the capital of France?"
+  c.generate.max_new_tokens = 64
+  c.generate.temperature = 0.0
+  return c

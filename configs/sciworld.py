@@ -1,0 +1,39 @@
+"""ScienceWorld. Variants: "" = the embedded default sized for a CPU in minutes; "paper" = SEED's settings.
+
+python -m seed_jax.main --config=configs/sciworld.py[:paper] [--config.model.path=...]
+"""
+from configs import base
+from seed_jax.envs import sciworld
+
+
+def get_config(variant: str = ""):
+  c = base.get_base()
+  c.env = sciworld.default_config()
+  c.env.name = "sciworld"
+  c.env.train_split = "train"
+  c.eval.split = "eval_l0,eval_l2"
+  if variant == "":
+    cpu_default(c)
+    c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
+  elif variant == "paper":
+    c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
+    c.model.max_prompt_tokens = 4096
+    c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
+    c.learner.minibatch_size = 256
+    c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
+  else:
+    raise ValueError(f"unknown variant {variant!r} of configs/sciworld.py; known: '', 'paper'")
+  return c
+
+
+def cpu_default(c):
+  """Small enough to finish on a laptop CPU in minutes with SmolLM2-135M: few tasks, short answers."""
+  c.rollout.tasks_per_update, c.rollout.group_size = 2, 2
+  c.rollout.max_new_tokens = 48
+  c.env.max_steps, c.env.history_length = 4, 2
+  c.model.max_prompt_tokens = 1024
+  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 96
+  c.learner.minibatch_size, c.learner.micro_batch_size = 16, 4
+  c.train.num_updates = 2
+  c.eval.every, c.eval.max_tasks = 0, 4
+  c.sampler.max_batch = 16

@@ -1,0 +1,63 @@
+"""Start-up validation of the whole config: a bad field fails at once with a message naming it."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+
+_CHOICES = {
+    "stage": ("rl", "generate"),
+    "sampler.dtype": ("float32", "bfloat16"),
+    "rescore.dtype": ("float32", "bfloat16"),
+    "learner.dtype": ("float32", "bfloat16"),
+    "learner.teacher": ("old", "current"),
+    "learner.schedule": ("constant", "warmup_cosine"),
+    "analyzer.backend": ("policy", "external"),
+    "objectives.adv_estimator": ("grpo", "gigpo"),
+    "objectives.norm_mode": ("mean_std_norm", "mean_norm"),
+    "objectives.grpo_stats": ("step", "trajectory"),
+    "objectives.agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "objectives.kl_estimator": ("k1", "k2", "low_var_kl"),
+    "objectives.opd_variant": ("gated", "positive_gap", "reverse_kl_adv", "teacher_adv", "none"),
+}
+_POSITIVE = ("rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
+             "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs", "sampler.max_batch",
+             "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
+_NON_NEGATIVE = ("train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
+                 "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef")
+
+
+def get(cfg: ml_collections.ConfigDict, path: str) -> Any:
+  node = cfg
+  for part in path.split("."):
+    if part not in node:
+      raise ValueError(f"config.{path} is missing")
+    node = node[part]
+  return node
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  for path, allowed in _CHOICES.items():
+    if get(cfg, path) not in allowed:
+      raise ValueError(f"config.{path}={get(cfg, path)!r} is not allowed; choose one of {allowed}")
+  for path in _POSITIVE:
+    if path.startswith("env.") and cfg.stage != "rl":
+      continue
+    if not get(cfg, path) > 0:
+      raise ValueError(f"config.{path}={get(cfg, path)!r} must be > 0")
+  for path in _NON_NEGATIVE:
+    if not get(cfg, path) >= 0:
+      raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
+  if not 0 < cfg.rollout.top_p <= 1:
+    raise ValueError(f"config.rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
+  if cfg.learner.minibatch_size % cfg.learner.micro_batch_size:
+    raise ValueError(f"config.learner.minibatch_size={cfg.learner.minibatch_size} must be a multiple of "
+                     f"config.learner.micro_batch_size={cfg.learner.micro_batch_size}")
+  path = cfg.model.path
+  if not path:
+    raise ValueError("config.model.path is empty: give --config.model.path=<HF folder | .gguf file | embedded>")
+  if path != "embedded" and not os.path.exists(path):
+    raise ValueError(f"config.model.path={path!r} does not exist")
+  if cfg.stage == "rl" and "name" not in cfg.env:
+    raise ValueError("config.env.name is missing: use an environment config such as configs/sciworld.py")

@@ -1,0 +1,272 @@
+"""One SEED update (rollout -> self-analysis -> dual-context re-score -> advantages -> PPO epochs), the
+evaluation loop, and the resumable training loop around them."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from seed_jax import batch as batch_lib
+from seed_jax import objectives, skills
+from seed_jax import update as update_lib
+from seed_jax.envs import get_family
+from seed_jax.envs.base import Task, Trajectory
+from seed_jax.envs.pool import EnvPool
+from seed_jax.infra import checkpoint as ckpt_lib
+from seed_jax.infra.mesh import make_mesh
+from seed_jax.infra.metrics import MetricsWriter
+from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import weights
+from seed_jax.rescore import Rescorer, RescorerConfig
+from seed_jax.rollout import run_episodes
+from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Runtime:
+  """Everything built once per run from the config."""
+  cfg: ml_collections.ConfigDict
+  mesh: Any
+  spec: Any
+  tokenizer: tokenizer_lib.Tokenizer
+  family: Any
+  pool: EnvPool
+  sampler: Sampler
+  rescorer: Rescorer
+  update_fn: Any
+  optimizer: Any
+  loss_cfg: objectives.SeedLossConfig
+  init_params: Any  # also the frozen KL reference
+  train_tasks: list[Task]
+  eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
+  stop_sequences: list[list[int]]
+
+  def close(self):
+    self.pool.close()
+
+
+def build(cfg: ml_collections.ConfigDict) -> Runtime:
+  mesh = make_mesh(tuple(cfg.mesh.shape))
+  spec, params = weights.load_model(cfg.model.path, mesh)
+  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  family = get_family(cfg.env.name)
+  max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
+  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=max_prompt, max_batch=cfg.sampler.max_batch,
+                                                     dtype=cfg.sampler.dtype), mesh)
+  rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
+      max_rows=cfg.rescore.max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
+      max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype), mesh)
+  loss_cfg = objectives.SeedLossConfig.from_config(cfg.objectives)
+  if not cfg.analyzer.enabled and loss_cfg.uses_skill:
+    loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")  # plain GRPO on the same code path
+  optimizer = update_lib.make_optimizer(cfg.update)
+  update_fn = update_lib.make_update_fn(
+      spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
+      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher)
+  n_envs = max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
+  pool = EnvPool(family, cfg.env, n_envs)
+  return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
+                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, init_params=params,
+                 train_tasks=family.tasks(cfg.env, cfg.env.train_split),
+                 eval_tasks={s: family.tasks(cfg.env, s)[:cfg.eval.max_tasks or None]
+                             for s in cfg.eval.split.split(",") if s},
+                 stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])
+
+
+def tasks_for_update(tasks: Sequence[Task], u: int, per_update: int, seed: int) -> list[Task]:
+  """Deterministic task stream: epoch e visits the training tasks in permutation(seed, e)."""
+  out = []
+  for k in range(u * per_update, (u + 1) * per_update):
+    epoch, pos = divmod(k, len(tasks))
+    out.append(tasks[np.random.default_rng([seed, epoch]).permutation(len(tasks))[pos]])
+  return out
+
+
+def _generate_fn(rt: Runtime, params, sp: SamplingParams):
+  return lambda prompts, key: rt.sampler.generate(params, prompts, key, sp, rt.stop_sequences)
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+  good = [t for t in trajs if t.termination != "env_error"]
+  steps = [s for t in good for s in t.steps]
+  m = {f"{prefix}/episodes": len(trajs), f"{prefix}/env_errors": len(trajs) - len(good)}
+  if good:
+    m.update({f"{prefix}/return": float(np.mean([t.episode_return for t in good])),
+              f"{prefix}/success": float(np.mean([t.success for t in good])),
+              f"{prefix}/score": float(np.mean([t.score for t in good])),
+              f"{prefix}/episode_length": float(np.mean([t.length for t in good])),
+              f"{prefix}/invalid_action_rate": float(np.mean([not s.action_valid for s in steps])) if steps else 0.0,
+              f"{prefix}/truncated_prompts": float(sum(t.truncated_prompts for t in good)),
+              f"{prefix}/response_tokens": float(np.mean([len(s.response_tokens) for s in steps])) if steps else 0.0})
+    for term in ("done", "max_steps", "context_overflow"):
+      m[f"{prefix}/term_{term}"] = float(np.mean([t.termination == term for t in good]))
+  return m
+
+
+def analysis_active(cfg, u: int) -> bool:
+  a = cfg.analyzer
+  return bool(a.enabled) and u >= a.start_update and (a.stop_update < 0 or u < a.stop_update)
+
+
+def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter) -> tuple[Any, dict]:
+  cfg = rt.cfg
+  key = jax.random.fold_in(jax.random.key(cfg.seed), u)
+  timer = writer.phase_timer()
+  G = cfg.rollout.group_size
+  tasks = tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
+  rsp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+  with timer.phase("rollout"):
+    trajs = run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
+                         [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
+                         [g for _ in tasks for g in range(G)], _generate_fn(rt, state.params, rsp), rt.tokenizer,
+                         jax.random.fold_in(key, 0), max_prompt_tokens=cfg.model.max_prompt_tokens)
+  good = [t for t in trajs if t.termination != "env_error"]
+  metrics = rollout_metrics(trajs, "rollout")
+  if not any(t.steps for t in good):
+    log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
+    return state, metrics
+  skills_k = analysis = None
+  if analysis_active(cfg, u):
+    with timer.phase("analysis"):
+      asp = SamplingParams(temperature=0.0, max_new_tokens=cfg.analyzer.max_new_tokens)
+      gen = lambda texts: [rt.tokenizer.decode(g.tokens) for g in rt.sampler.generate(
+          state.params, [rt.tokenizer.encode_chat(t) for t in texts], jax.random.fold_in(key, 1), asp)]
+      analyzer = skills.make_analyzer(cfg.analyzer, gen)
+      analysis = skills.analyze_trajectories(analyzer, good, cfg.analyzer,
+                                             count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
+    skills_k = analysis.skills
+    metrics["analysis/parse_rate"] = analysis.parse_rate
+    writer.dump_jsonl("skills", u, [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success,
+                                         ok=p.ok, skill=p.skill, summary=p.summary, error=p.error, reply=r)
+                                    for t, p, r in zip(good, analysis.parses, analysis.replies)])
+  samples = batch_lib.collect_samples(good, skills_k, rt.tokenizer, cfg.model.max_prompt_tokens)
+  use_skill = rt.loss_cfg.uses_skill and skills_k is not None
+  with timer.phase("rescore"):
+    contexts = [samples.prompts] + ([samples.skill_prompts] if use_skill and cfg.learner.teacher == "old" else [])
+    lp, _ = rt.rescorer.score(state.params, contexts, samples.responses, cfg.rollout.temperature)
+    ref = rt.rescorer.score(rt.init_params, [samples.prompts], samples.responses,
+                            cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
+  adv_N = objectives.compute_advantages(objectives.StepSamples.from_trajectories(good), cfg.objectives)
+  # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
+  # and the same compiled update serves.
+  with timer.phase("update"):
+    state, upd = _ppo_epochs(rt, state, samples, adv_N, lp[0], ref, lp[1] if len(lp) > 1 else lp[0], key)
+  metrics.update(upd)
+  metrics["opd/analyzed_row_frac"] = float(samples.opd_mask_N.mean()) if len(samples) else 0.0
+  times = timer.pop()
+  metrics.update(times)
+  gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
+  metrics["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
+  metrics["compiles/sampler"], metrics["compiles/rescore"] = rt.sampler.compiles.count, rt.rescorer.compiles.count
+  metrics["env/restarts"] = rt.pool.restarts
+  writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in trajs[:cfg.train.dump_trajectories]])
+  return state, metrics
+
+
+def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
+  cfg = rt.cfg
+  N, micro = len(samples), cfg.learner.micro_batch_size
+  skill_prompts = rt.loss_cfg.uses_skill and cfg.learner.teacher == "current"
+  Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
+  per = min(cfg.learner.minibatch_size, N)
+  rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
+  sums_all: dict[str, float] = {}
+  rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 2))).ravel().tolist())
+  n_steps = 0
+  for _ in range(cfg.learner.ppo_epochs):
+    order = rng.permutation(N)
+    for start in range(0, N, per):
+      mb = batch_lib.minibatch(samples, order[start:start + per], rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
+                               old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
+                               with_skill_prompts=skill_prompts)
+      with jax.set_mesh(rt.mesh):
+        state, sums = rt.update_fn(state, jax.tree.map(jnp.asarray, mb), jnp.float32(cfg.rollout.temperature))
+      for k, v in objectives.finalize_metrics(jax.device_get(sums)).items():
+        sums_all[k] = sums_all.get(k, 0.0) + float(v)
+      n_steps += 1
+  out = {f"update/{k}": v / max(n_steps, 1) for k, v in sums_all.items()}
+  out["update/optimizer_steps"] = n_steps
+  out["update/skipped_total"] = int(state.skipped)
+  return state, out
+
+
+def _traj_record(t: Trajectory) -> dict:
+  return dict(task=t.task.to_json(), group=t.group_id, traj=t.traj_id, ret=t.episode_return, success=t.success,
+              termination=t.termination, steps=[dict(observation=s.observation, response=s.response_text,
+                                                     action=s.action, valid=s.action_valid, reward=s.reward)
+                                                for s in t.steps])
+
+
+def evaluate(rt: Runtime, params, key) -> dict[str, float]:
+  """Plain policy, ordinary prompts, no skills, eval temperature, the fixed panels; success per family."""
+  cfg = rt.cfg
+  sp = SamplingParams(cfg.eval.temperature, 0, 1.0, cfg.rollout.max_new_tokens)
+  m: dict[str, float] = {}
+  n = rt.pool.num_envs
+  for split, tasks in rt.eval_tasks.items():
+    trajs: list[Trajectory] = []
+    for c, start in enumerate(range(0, len(tasks), n)):
+      chunk = tasks[start:start + n]
+      trajs += run_episodes(rt.pool, rt.family, cfg.env, chunk, list(range(start, start + len(chunk))),
+                            [0] * len(chunk), _generate_fn(rt, params, sp), rt.tokenizer,
+                            jax.random.fold_in(jax.random.fold_in(key, c), len(m)),
+                            max_prompt_tokens=cfg.model.max_prompt_tokens)
+    m.update(rollout_metrics(trajs, f"eval/{split}"))
+    for fam in sorted({t.task.family for t in trajs}):
+      ok = [t.success for t in trajs if t.task.family == fam and t.termination != "env_error"]
+      m[f"eval/{split}/success/{fam or 'all'}"] = float(np.mean(ok)) if ok else 0.0
+  return m
+
+
+def fingerprint(cfg) -> dict[str, Any]:
+  return ckpt_lib.config_fingerprint(cfg, ["model.path", "env.name", "seed", "rollout.tasks_per_update",
+                                           "rollout.group_size", "learner.minibatch_size", "learner.micro_batch_size"])
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """The resumable RL loop; returns the last update's metrics (and the final eval's)."""
+  os.makedirs(workdir, exist_ok=True)
+  rt = build(cfg)
+  is_writer = jax.process_index() == 0
+  writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
+  try:
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
+    start, history = 0, []
+    if ckpt.latest_step() is not None:
+      state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
+      start, history = int(meta["next_update"]), list(meta.get("history", []))
+      log.info("resumed from %s at update %d", workdir, start)
+    last: dict[str, Any] = {}
+    for u in range(start, cfg.train.num_updates):
+      t0 = time.time()
+      state, metrics = rl_update(rt, state, u, writer)
+      if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < cfg.train.num_updates:
+        t1 = time.time()
+        metrics.update(evaluate(rt, state.params, jax.random.fold_in(jax.random.key(cfg.seed + 1), u)))
+        metrics["time/eval_s"] = time.time() - t1
+      metrics["time/update_total_s"] = time.time() - t0
+      last = writer.write(u, metrics)
+      history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
+      ckpt.save(u + 1, state, metadata=dict(next_update=u + 1, task_position=(u + 1) * cfg.rollout.tasks_per_update,
+                                            history=history), force=u + 1 == cfg.train.num_updates)
+    if cfg.eval.at_end and cfg.train.num_updates > start:
+      t1 = time.time()
+      final = evaluate(rt, state.params, jax.random.fold_in(jax.random.key(cfg.seed + 1), cfg.train.num_updates))
+      final["time/eval_s"] = time.time() - t1
+      last.update(writer.write(cfg.train.num_updates, final))
+    ckpt.wait()
+    return {"metrics": last, "state": state}
+  finally:
+    ckpt.close()
+    writer.close()
+    rt.close()

@@ -1,0 +1,107 @@
+"""The multi-turn loop: every active env renders its single-turn prompt, one batched sampler call answers
+all of them, responses are parsed into actions and the pool steps the envs in parallel.
+
+Each step becomes a `Step` (an independent step-sample: prompt, response, sampled log-probs); each episode a
+`Trajectory` ending in "done", "max_steps", "env_error" or "context_overflow".
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+
+from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
+from seed_jax.models.tokenizer import Tokenizer
+from seed_jax.sample import Generation
+
+# (prompt token lists, PRNG key) -> one Generation per prompt
+GenerateFn = Callable[[list[list[int]], Any], list[Generation]]
+
+
+@dataclasses.dataclass
+class _Episode:
+  traj: Trajectory
+  obs: Observation | None
+  history: list[tuple[str, str]]
+  active: bool = True
+
+
+def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_description: str,
+               history: Sequence[tuple[str, str]], obs: Observation, max_tokens: int) -> tuple[str, list[int], bool] | None:
+  """The step prompt (text, chat-templated ids) with the last `history_length` pairs, dropping the oldest pairs
+  while it exceeds `max_tokens`. Returns (text, ids, truncated) or None if even no history does not fit."""
+  pairs = list(history[-env_cfg.history_length:]) if env_cfg.history_length > 0 else []
+  for drop in range(len(pairs) + 1):
+    text = family.render_prompt(task_description, pairs[drop:], obs, env_cfg)
+    ids = tokenizer.encode_chat(text)
+    if len(ids) <= max_tokens:
+      return text, ids, drop > 0
+  return None
+
+
+def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], group_ids: Sequence[int],
+                 traj_ids: Sequence[int], generate: GenerateFn, tokenizer: Tokenizer, key, *,
+                 max_prompt_tokens: int, max_steps: int | None = None) -> list[Trajectory]:
+  """Plays tasks[i] on pool env i until done or `max_steps` (default env_cfg.max_steps)."""
+  if len(tasks) > pool.num_envs:
+    raise ValueError(f"{len(tasks)} episodes need {len(tasks)} envs but the pool has {pool.num_envs}")
+  max_steps = env_cfg.max_steps if max_steps is None else max_steps
+  episodes = []
+  for i, (task, obs) in enumerate(zip(tasks, pool.reset(list(tasks)))):
+    traj = Trajectory(task=task, group_id=int(group_ids[i]), traj_id=int(traj_ids[i]), steps=[])
+    ep = _Episode(traj=traj, obs=None, history=[])
+    if isinstance(obs, EnvError):
+      traj.termination, ep.active = "env_error", False
+      traj.info = {"env_error": str(obs)}
+    else:
+      ep.obs, traj.task_description = obs, obs.task_description
+    episodes.append(ep)
+
+  for t in range(max_steps):
+    live = [i for i, ep in enumerate(episodes) if ep.active]
+    if not live:
+      break
+    prompts: dict[int, tuple[str, list[int]]] = {}
+    for i in live:
+      ep = episodes[i]
+      fitted = fit_prompt(family, env_cfg, tokenizer, ep.traj.task_description, ep.history, ep.obs, max_prompt_tokens)
+      if fitted is None:
+        ep.traj.termination, ep.active = "context_overflow", False
+        continue
+      text, ids, truncated = fitted
+      ep.traj.truncated_prompts += int(truncated)
+      prompts[i] = (text, ids)
+    order = list(prompts)
+    gens = generate([prompts[i][1] for i in order], jax.random.fold_in(key, t)) if order else []
+    actions = {}
+    for i, gen in zip(order, gens):
+      ep = episodes[i]
+      response = tokenizer.decode(gen.tokens)
+      parsed = family.parse_action(response, env_cfg)
+      actions[i] = parsed.action
+      ep.traj.steps.append(Step(
+          prompt_text=prompts[i][0], prompt_tokens=prompts[i][1], response_text=response,
+          response_tokens=list(gen.tokens), logps=list(gen.logps), observation=ep.obs.text, action=parsed.action,
+          action_valid=parsed.valid, info={"invalid_reason": parsed.reason, "stop_reason": gen.stop_reason}))
+    for i, res in pool.step(actions).items():
+      ep = episodes[i]
+      step = ep.traj.steps[-1]
+      if isinstance(res, EnvError):
+        ep.traj.termination, ep.active = "env_error", False
+        ep.traj.info = {"env_error": str(res)}
+        continue
+      step.reward, step.done = float(res.reward), bool(res.done)
+      step.info.update({k: v for k, v in res.info.items() if k in ("success", "score", "truncated")})
+      ep.traj.episode_return += step.reward
+      ep.traj.score = float(res.info.get("score", ep.traj.score))
+      ep.history.append((ep.obs.text, step.action))
+      ep.obs = res.observation
+      if res.done:
+        ep.active = False
+        ep.traj.success = bool(res.info.get("success", False))
+        ep.traj.termination = "max_steps" if res.info.get("truncated") else "done"
+  for ep in episodes:
+    if ep.active:
+      ep.traj.termination = "max_steps"
+  return [ep.traj for ep in episodes]

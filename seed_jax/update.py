@@ -1,0 +1,147 @@
+"""The optax train step: micro-batch gradient accumulation of the SEED loss, AdamW, non-finite guard.
+
+`make_update_fn` returns one jitted function `(state, minibatch, temperature) -> (state, metric sums)` that
+scans over micro-batches, adds their gradients (each micro-batch loss is already divided by the whole
+mini-batch's normalizer, so the sum is exact), clips, applies AdamW, and skips the update if the loss or the
+gradient norm is not finite.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from seed_jax import objectives
+from seed_jax.models.spec import ModelSpec
+from seed_jax.rescore import response_logprobs
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.lr = 1e-6  # AdamW learning rate (peak, for schedules)
+  c.b1 = 0.9
+  c.b2 = 0.999
+  c.eps = 1e-8
+  c.weight_decay = 0.01
+  c.max_grad_norm = 1.0  # global-norm clip
+  c.schedule = "constant"  # "constant" | "warmup_cosine"
+  c.warmup_frac = 0.0  # share of total optimizer steps spent warming up (warmup_cosine)
+  c.total_steps = 0  # optimizer steps of the schedule (warmup_cosine); 0 = set by the pipeline
+  c.minibatch_size = 256  # step-samples per optimizer step (padded rows are masked, never duplicated)
+  c.micro_batch_size = 8  # step-samples per forward/backward; gradients accumulate over micro-batches
+  c.ppo_epochs = 1
+  c.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
+  c.remat = True  # rematerialize each layer in the backward pass (memory for compute)
+  c.dtype = "float32"  # compute dtype of the training forward
+  return c
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # optimizer steps taken
+  params: Any
+  opt_state: Any
+  skipped: jax.Array  # optimizer steps skipped because the loss or gradient was not finite
+
+
+@flax.struct.dataclass
+class MiniBatch:
+  """Device arrays of one mini-batch of step-samples [M, ...]; padding rows have rmask all False."""
+  prompt_BP: jax.Array
+  pvalid_BP: jax.Array
+  resp_BR: jax.Array
+  rmask_BR: jax.Array
+  old_logp_BR: jax.Array
+  adv_B: jax.Array
+  ref_logp_BR: jax.Array | None = None
+  skill_logp_BR: jax.Array | None = None  # teacher="old"
+  opd_mask_B: jax.Array | None = None
+  skill_prompt_BP: jax.Array | None = None  # teacher="current": the skill-augmented prompts
+  skill_pvalid_BP: jax.Array | None = None
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  if cfg.schedule == "constant":
+    lr = cfg.lr
+  elif cfg.schedule == "warmup_cosine":
+    if cfg.total_steps <= 0:
+      raise ValueError("update.total_steps must be > 0 for schedule 'warmup_cosine'")
+    warm = int(cfg.warmup_frac * cfg.total_steps)
+    lr = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(warm, 1), max(cfg.total_steps, warm + 1))
+  else:
+    raise ValueError(f"update.schedule must be 'constant' or 'warmup_cosine', got {cfg.schedule!r}")
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                     optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    skipped=jnp.zeros((), jnp.int32))
+
+
+def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperature, *, spec: ModelSpec,
+               loss_cfg: objectives.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: str):
+  """SEED loss of one micro-batch. With teacher="current" both contexts go through one forward and the
+  skill-side log-probs are stop-gradient teachers."""
+  B = mb.prompt_BP.shape[0]
+  fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, dtype=dtype,
+                                                 chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
+  skill_logp = mb.skill_logp_BR
+  if teacher == "current" and loss_cfg.uses_skill:
+    both = lambda a, b: jnp.concatenate([a, b], axis=0)
+    logp2, ent2 = fwd(both(mb.prompt_BP, mb.skill_prompt_BP), both(mb.pvalid_BP, mb.skill_pvalid_BP),
+                      both(mb.resp_BR, mb.resp_BR), both(mb.rmask_BR, mb.rmask_BR))
+    logp, ent, skill_logp = logp2[:B], ent2[:B], jax.lax.stop_gradient(logp2[B:])
+  else:
+    logp, ent = fwd(mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR)
+  return objectives.seed_loss(
+      logp, old_logp_BT=mb.old_logp_BR, adv=mb.adv_B, mask_BT=mb.rmask_BR, norm=norm, cfg=loss_cfg,
+      entropy_BT=ent if loss_cfg.entropy_coef else None, ref_logp_BT=mb.ref_logp_BR if loss_cfg.kl_coef else None,
+      skill_logp_BT=skill_logp if loss_cfg.uses_skill else None,
+      opd_mask_B=mb.opd_mask_B if loss_cfg.uses_skill else None)
+
+
+def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimizer: optax.GradientTransformation,
+                   *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool = True,
+                   teacher: str = "old") -> Callable:
+  """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated."""
+  if teacher not in ("old", "current"):
+    raise ValueError(f"update.teacher must be 'old' or 'current', got {teacher!r}")
+  loss_fn = jax.value_and_grad(
+      lambda p, mb, norm, temp: micro_loss(p, mb, norm, temp, spec=spec, loss_cfg=loss_cfg, dtype=dtype,
+                                           chunk=chunk, remat=remat, teacher=teacher), has_aux=True)
+
+  def update(state: TrainState, batch: MiniBatch, temperature):
+    M = batch.prompt_BP.shape[0]
+    if M % micro_batch_size:
+      raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
+    n_micro = M // micro_batch_size
+    norm = objectives.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
+                                       loss_cfg.agg_mode)
+    micro = jax.tree.map(lambda x: x.reshape((n_micro, micro_batch_size) + x.shape[1:]), batch)
+    first = jax.tree.map(lambda x: x[0], micro)
+    (_, metrics_shape), _ = jax.eval_shape(loss_fn, state.params, first, norm, temperature)
+    zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
+
+    def body(carry, mb):
+      grads, sums = carry
+      (_, metrics), g = loss_fn(state.params, mb, norm, temperature)
+      return (jax.tree.map(jnp.add, grads, g), objectives.accumulate_metrics(sums, metrics)), None
+
+    (grads, sums), _ = jax.lax.scan(body, (zeros(state.params), zeros(metrics_shape)), micro)
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+
+    def apply(s: TrainState) -> TrainState:
+      updates, opt_state = optimizer.update(grads, s.opt_state, s.params)
+      return s.replace(step=s.step + 1, params=optax.apply_updates(s.params, updates), opt_state=opt_state)
+
+    new_state = jax.lax.cond(ok, apply, lambda s: s.replace(skipped=s.skipped + 1), state)
+    return new_state, dict(sums, grad_norm=grad_norm, update_skipped=(~ok).astype(jnp.float32))
+
+  return jax.jit(update, donate_argnums=0)
