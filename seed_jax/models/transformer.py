@@ -84,7 +84,7 @@ class Transformer(nnx.Module):
       self.lm_head = make("lm_head", shapes["lm_head"], axes["lm_head"])
 
   def params(self) -> Params:
-    return nnx.state(self, nnx.Param).to_pure_dict()
+    return nnx.to_pure_dict(nnx.state(self, nnx.Param))
 
   def __call__(self, tokens_BT, positions_BT, segment_BT, cache=None, dtype=jnp.float32):
     hidden_BTD, cache = forward(self.params(), self.spec, tokens_BT, positions_BT, segment_BT, cache, dtype)

@@ -1,0 +1,167 @@
+"""The jitted sampler and the dual-context re-scorer on a tiny random model."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seed_jax.infra.mesh import make_mesh, sharding_tree
+from seed_jax.models import transformer as tf
+from seed_jax.models.spec import ModelSpec
+from seed_jax.rescore import Rescorer, RescorerConfig
+from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, _pick
+
+SPEC = ModelSpec("LlamaForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                 ffn_dim=96)
+PARAMS = tf.init_params(SPEC, 7)
+# Larger logits than the 0.02-init gives, so sampled sequences are diverse but not uniform noise.
+PARAMS["embed"] = PARAMS["embed"] * 40
+RNG = np.random.default_rng(0)
+PROMPTS = [RNG.integers(3, 96, n).tolist() for n in (5, 12, 1, 9)]
+
+
+def _sampler(**kw):
+  return Sampler(SPEC, [], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=kw.pop("max_batch", 8),
+                                         **kw), kw.pop("mesh", None))
+
+
+def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
+  tokens = np.zeros((3, 12), np.int32)
+  valid = np.zeros((3, 12), bool)
+  for b, n in enumerate((12, 7, 3)):
+    tokens[b, 12 - n:] = RNG.integers(3, 96, n)
+    valid[b, 12 - n:] = True
+  full = np.asarray(tf.full_logits(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))
+  # Prefill the first 8 columns, then decode the last 4 one at a time through the cache.
+  cache = tf.KVCache.create(SPEC, 3, 16)
+  pos = np.asarray(tf.left_pad_positions(jnp.asarray(valid)))
+  h, cache = tf.forward(PARAMS, SPEC, tokens[:, :8], pos[:, :8], valid[:, :8].astype(np.int32), cache)
+  outs = [tf.logits_from_hidden(PARAMS, SPEC, h)]
+  for t in range(8, 12):
+    h, cache = tf.forward(PARAMS, SPEC, tokens[:, t:t + 1], pos[:, t:t + 1], valid[:, t:t + 1].astype(np.int32), cache)
+    outs.append(tf.logits_from_hidden(PARAMS, SPEC, h))
+  cached = np.concatenate([np.asarray(o) for o in outs], axis=1)
+  assert np.abs(cached[valid] - full[valid]).max() <= 1e-4
+
+
+def _greedy_reference(prompt, n):
+  out = list(prompt)
+  for _ in range(n):
+    t = jnp.asarray([out])
+    out.append(int(jnp.argmax(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool))[0, -1])))
+  return out[len(prompt):]
+
+
+def test_greedy_equals_stepwise_argmax_and_logps_equal_rescore():
+  gens = _sampler().generate(PARAMS, PROMPTS, jax.random.key(0), SamplingParams(temperature=0, max_new_tokens=6))
+  for p, g in zip(PROMPTS, gens):
+    assert g.tokens == _greedy_reference(p, 6) and g.stop_reason == "max_new_tokens"
+  # Sampled log-probs at a temperature equal the re-scorer's for the same tokens.
+  sp = SamplingParams(temperature=0.7, max_new_tokens=10)
+  gens = _sampler().generate(PARAMS, PROMPTS, jax.random.key(1), sp)
+  rescorer = Rescorer(SPEC, 0, RescorerConfig(max_rows=8, min_len_bucket=16, max_prompt_len=32, max_response_len=16,
+                                              vocab_chunk=4))
+  logps, _ = rescorer.score(PARAMS, [PROMPTS], [g.tokens for g in gens], 0.7)
+  for g, lp in zip(gens, logps[0]):
+    np.testing.assert_allclose(lp, g.logps, atol=1e-4)
+
+
+def test_fixed_key_reproduces_and_keys_differ():
+  s, sp = _sampler(), SamplingParams(temperature=1.0, max_new_tokens=12)
+  a = s.generate(PARAMS, PROMPTS, jax.random.key(3), sp)
+  b = s.generate(PARAMS, PROMPTS, jax.random.key(3), sp)
+  c = s.generate(PARAMS, PROMPTS, jax.random.key(4), sp)
+  assert [g.tokens for g in a] == [g.tokens for g in b]
+  assert [g.tokens for g in a] != [g.tokens for g in c]
+
+
+def test_top_k_and_top_p_never_leave_the_allowed_set():
+  # probabilities 0.4, 0.3, 0.15, 0.1, 0.05 (and ~0 for the rest)
+  probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05] + [1e-9] * 11)
+  logits = jnp.asarray(np.log(probs)[None].repeat(256, 0), jnp.float32)
+  draw = lambda **kw: np.asarray(jax.vmap(lambda k: _pick(logits[:1], k, jnp.float32(1.0), kw.get("p", 1.0), False,
+                                                          kw.get("k", 0), kw.get("p", 1.0) < 1)[0][0])(
+      jax.random.split(jax.random.key(0), 4000)))
+  assert set(draw(k=2).tolist()) == {0, 1}
+  assert set(draw(p=0.7).tolist()) == {0, 1}  # 0.4 + 0.3 reaches 0.7: nothing after
+  assert set(draw(p=0.71).tolist()) == {0, 1, 2}
+  assert set(draw(k=3, p=0.5).tolist()) == {0, 1}
+  tok, logp = _pick(logits[:1], jax.random.key(0), jnp.float32(1.0), 0.5, False, 3, True)
+  assert np.isclose(float(logp[0]), np.log(probs[int(tok[0])] / probs.sum()), atol=1e-5)  # full-distribution logp
+
+
+def test_eos_and_stop_sequences_end_rows_independently():
+  sp = SamplingParams(temperature=0, max_new_tokens=10)
+  free = _sampler().generate(PARAMS, PROMPTS[:2], jax.random.key(0), sp)
+  eos = free[0].tokens[3]
+  stop = free[1].tokens[4:6]
+  eos_end = free[0].tokens.index(eos) + 1
+  s = Sampler(SPEC, [eos], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8))
+  out = s.generate(PARAMS, PROMPTS[:2], jax.random.key(0), sp, stop_sequences=[stop])
+  assert out[0].tokens == free[0].tokens[:eos_end] and out[0].stop_reason == "eos"
+  seq = free[1].tokens
+  stop_end = next(i + 2 for i in range(len(seq) - 1) if seq[i:i + 2] == stop)
+  if eos in seq[:stop_end]:
+    pytest.skip("constructed eos also occurs in row 1")
+  assert out[1].tokens == seq[:stop_end] and out[1].stop_reason == "stop_sequence"
+  assert len(out[1].logps) == len(out[1].tokens)
+
+
+def test_bad_input_and_oversized_batches():
+  s = _sampler(max_batch=2)
+  sp = SamplingParams(temperature=0, max_new_tokens=3)
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    s.generate(PARAMS, [[5], []], jax.random.key(0), sp)
+  with pytest.raises(ValueError, match="prompt 0 has 40 tokens, more than sampler max_prompt_len=32"):
+    s.generate(PARAMS, [[5] * 40], jax.random.key(0), sp)
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  # 4 prompts on a sampler whose largest batch is 2: two calls, same results as one by one.
+  many = s.generate(PARAMS, PROMPTS, jax.random.key(0), sp)
+  assert [g.tokens for g in many] == [s.generate(PARAMS, [p], jax.random.key(0), sp)[0].tokens for p in PROMPTS]
+  assert s.compiles.count == 2  # batch buckets 2 and 1, one prompt bucket
+
+
+def test_two_contexts_in_one_pass_equal_separate_passes():
+  rescorer = Rescorer(SPEC, 0, RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16,
+                                              vocab_chunk=8))
+  ctx_b = [p + [7, 8, 9] for p in PROMPTS]
+  resp = [RNG.integers(3, 96, n).tolist() for n in (4, 9, 1, 16)]
+  both, ents = rescorer.score(PARAMS, [PROMPTS, ctx_b], resp, 1.3, with_entropy=True)
+  a, ea = rescorer.score(PARAMS, [PROMPTS], resp, 1.3, with_entropy=True)
+  b, _ = rescorer.score(PARAMS, [ctx_b], resp, 1.3)
+  for i in range(4):
+    np.testing.assert_allclose(both[0][i], a[0][i], atol=1e-5)
+    np.testing.assert_allclose(both[1][i], b[0][i], atol=1e-5)
+    np.testing.assert_allclose(ents[0][i], ea[0][i], atol=1e-5)
+    assert not np.allclose(both[0][i], both[1][i])
+  # Hand check of one token: log-softmax of temperature-scaled full logits.
+  t = jnp.asarray([PROMPTS[1] + resp[1]])
+  logits = np.asarray(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool)))[0] / 1.3
+  r0 = len(PROMPTS[1]) - 1
+  expect = logits[r0, resp[1][0]] - np.log(np.exp(logits[r0] - logits[r0].max()).sum()) - logits[r0].max()
+  assert np.isclose(both[0][1][0], expect, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 1), (1, 2, 4)])
+def test_sharded_sampling_and_rescoring_equal_single_device(shape):
+  spec = ModelSpec("Qwen2ForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=16,
+                   ffn_dim=128)
+  params = tf.init_params(spec, 1)
+  params["embed"] = params["embed"] * 40
+  prompts = PROMPTS + [p[::-1] for p in PROMPTS]
+  sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+  cfg = SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8)
+  single = Sampler(spec, [], cfg).generate(params, prompts, jax.random.key(5), sp)
+  mesh = make_mesh(shape)
+  sharded_params = jax.device_put(params, sharding_tree(tf.param_axes(spec), params, mesh))
+  sharded = Sampler(spec, [], cfg, mesh).generate(sharded_params, prompts, jax.random.key(5), sp)
+  assert [g.tokens for g in sharded] == [g.tokens for g in single]
+  for g1, g2 in zip(single, sharded):
+    np.testing.assert_allclose(g1.logps, g2.logps, atol=1e-5)
+  rcfg = RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16)
+  resp = [g.tokens for g in single]
+  lp1, _ = Rescorer(spec, 0, rcfg).score(params, [prompts, prompts[::-1]], resp, 1.0)
+  lp2, _ = Rescorer(spec, 0, rcfg, mesh).score(sharded_params, [prompts, prompts[::-1]], resp, 1.0)
+  for c in range(2):
+    for i in range(len(resp)):
+      np.testing.assert_allclose(lp1[c][i], lp2[c][i], atol=1e-5)
