@@ -84,6 +84,13 @@ def test_exception_inside_with_block_closes_everything(cfg, tasks):
   assert wait_until_gone(groups) == []
 
 
+def test_env_that_cannot_start_fails_the_pool_loudly(cfg):
+  broken = cfg.copy_and_resolve_references()
+  del broken["success_reward"]
+  with pytest.raises(RuntimeError, match=r"(?s)env worker 0 failed to start: make_env failed.*success_reward"):
+    EnvPool(twx.FAMILY, broken, num_envs=1)
+
+
 def test_bad_arguments_are_rejected(cfg, tasks):
   with pytest.raises(ValueError, match="num_envs"):
     EnvPool(twx.FAMILY, cfg, num_envs=0)

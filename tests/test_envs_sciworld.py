@@ -70,6 +70,10 @@ def test_group_starts_identical(pool, cfg):
     res = pool.step({0: action, 1: action})
     assert res[0] == res[1]
   assert "thermometer" in pool.step({0: "inventory"})[0].observation.text
+  # a gold path asked for mid-episode is made by reloading and replaying: the episode's state is kept
+  gold = pool.gold_actions(1)
+  assert gold[:2] == ["open door to kitchen", "go to kitchen"] and len(gold) > 10
+  assert "thermometer" in pool.step({1: "inventory"})[1].observation.text
 
 
 def test_panels_are_fixed(cfg):
