@@ -106,6 +106,18 @@ class Trajectory:
     return sum(not s.action_valid for s in self.steps)
 
 
+# Why an env call failed: the worker hung past its timeout, died, raised, or was asked to step before a reset.
+ENV_ERROR_KINDS = ("timeout", "crashed", "exception", "not_reset")
+
+
+@dataclasses.dataclass
+class EnvError:
+  """Returned by the pool in place of a result when an env call failed; the rollout records the episode as
+  termination "env_error". After "timeout" and "crashed" the worker was restarted: reset before stepping."""
+  kind: str
+  message: str = ""
+
+
 class Env(Protocol):
   """One simulator instance. Implementations may be slow (JVM); the pool runs them in worker processes."""
 

@@ -1,0 +1,149 @@
+"""TextWorldExpress (`textworld-express` 1.1.0, a JVM simulator with ~1 ms steps): the fast environment for
+tests and CPU runs.
+
+Games: coin, cookingworld, twc, mapreader, arithmetic, sorting, simonsays, peckingorder. A game instance is
+(game, generation params, seed, fold); the package splits seeds into train/dev/test folds. Reward 10 when
+the game reports task success, else 0. The gold action sequence comes from the simulator.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from typing import Any, Sequence
+
+import ml_collections
+
+from seed_jax.envs import prompting
+from seed_jax.envs.base import Observation, ParsedAction, StepResult, Task
+
+GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+# The seed folds of textworld-express 1.1.0 (the same for every game; tests check them against the JVM).
+SEED_FOLDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range(20000, 21000)}
+# Panel split -> seed fold. "train" is every train seed; "dev" and "eval" are fixed samples.
+SPLITS = {"train": "train", "dev": "dev", "eval": "test"}
+INTRO = "You are an agent in a text adventure game."
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.games = "coin"  # comma-separated game names from GAMES; panels list them in this order
+  # Generation parameters per game ("key=value,..." as the simulator takes them; "" = its defaults).
+  # The default coin game is the tiny CPU setting: 2 rooms, no doors, no distractor items.
+  c.game_params = ml_collections.ConfigDict({g: "" for g in GAMES})
+  c.game_params.coin = "numLocations=2,includeDoors=0,numDistractorItems=0"
+  c.history_length = 3  # (observation, action) pairs shown in each step prompt
+  c.history_obs_chars = 300  # past observations are clipped to this many characters (0 = no limit)
+  c.max_steps = 20  # episode step limit (enforced by the rollout loop)
+  c.require_think = True  # a response without <think>...</think> is an invalid action
+  c.success_reward = 10.0  # reward of the step that solves the game; every other step gets 0
+  c.eval_per_game = 50  # seeds per game in the "dev" and "eval" panels
+  c.panel_seed = 0  # seed of the fixed dev/eval seed samples
+  c.step_timeout_s = 30.0  # pool deadline of one step
+  c.reset_timeout_s = 60.0  # pool deadline of one reset / gold-path call
+  c.start_timeout_s = 60.0  # extra time for a fresh worker to start its JVM
+  return c
+
+
+def _games(cfg: Any) -> list[str]:
+  games = [g.strip() for g in cfg.games.split(",") if g.strip()]
+  bad = [g for g in games if g not in GAMES]
+  if not games or bad:
+    raise ValueError(f"config.games={cfg.games!r}: unknown or empty game names {bad}; allowed: {GAMES}")
+  return games
+
+
+def task_panel(cfg: Any, split: str) -> list[Task]:
+  """Fixed task panel: game-major in `cfg.games` order, seeds ascending. "dev"/"eval" take `eval_per_game`
+  seeds per game from the dev/test fold, sampled with a string-seeded RNG (independent of process, host
+  and hash seed)."""
+  if split not in SPLITS:
+    raise ValueError(f"split={split!r}; allowed: {tuple(SPLITS)}")
+  fold = SPLITS[split]
+  tasks = []
+  for game in _games(cfg):
+    seeds = list(SEED_FOLDS[fold])
+    if split != "train":
+      if not 0 < cfg.eval_per_game <= len(seeds):
+        raise ValueError(f"config.eval_per_game={cfg.eval_per_game}; allowed: 1..{len(seeds)}")
+      seeds = sorted(random.Random(f"twx:{cfg.panel_seed}:{split}:{game}").sample(seeds, cfg.eval_per_game))
+    params = cfg.game_params.get(game, "")
+    for seed in seeds:
+      tasks.append(Task(task_id=f"twx/{game}/{fold}/{seed}", split=split, env="textworld_express",
+                        spec={"game": game, "params": params, "seed": seed, "fold": fold}, family=game))
+  return tasks
+
+
+class TWXEnv:
+  """One TextWorldExpress simulator (its own JVM)."""
+
+  def __init__(self, cfg: Any):
+    from textworld_express import TextWorldExpressEnv  # imported here: workers build envs, drivers need not
+    self._sim = TextWorldExpressEnv(envStepLimit=10**9)  # step limits are the rollout's job
+    self._server = self._sim.server  # direct calls: the wrapper adds a task-description round trip per step
+    self._success_reward = float(cfg.success_reward)
+    self._loaded: tuple[str, str] | None = None
+    self._gold: list[str] = []
+    self._task_description = ""
+    self._done = True
+
+  def reset(self, task: Task) -> Observation:
+    spec = task.spec
+    game, params, seed, fold = spec["game"], spec["params"], int(spec["seed"]), spec["fold"]
+    if fold not in SEED_FOLDS or seed not in SEED_FOLDS[fold]:
+      raise ValueError(f"task {task.task_id}: seed {seed} is not in fold {fold!r}")
+    if self._loaded != (game, params):
+      msg = self._server.load(game, params)
+      if msg:
+        raise ValueError(f"task {task.task_id}: simulator rejected game={game!r} params={params!r}: {msg}")
+      self._loaded = (game, params)
+    state = json.loads(self._server.generateNewGameJSON(seed, fold, True))
+    self._gold = list(self._server.getGoldActionSequence())
+    self._task_description = self._server.getTaskDescription()
+    self._done = False
+    return self._observation(state)
+
+  def step(self, action: str) -> StepResult:
+    if self._done:
+      raise RuntimeError("step after the episode ended; reset first")
+    state = json.loads(self._server.stepJSON(action))
+    success = bool(state["tasksuccess"])
+    self._done = success or bool(state["taskfailure"])
+    info = {"success": success, "score": float(state["score"]), "failure": bool(state["taskfailure"])}
+    return StepResult(self._observation(state), self._success_reward if success else 0.0, self._done, info)
+
+  def gold_actions(self) -> list[str]:
+    return list(self._gold)
+
+  def close(self) -> None:
+    self._sim.close()
+
+  def _observation(self, state: dict[str, Any]) -> Observation:
+    # Sorted: the simulator lists valid actions in hash order, and G envs must render identical prompts.
+    return Observation(text=state["observation"], task_description=self._task_description,
+                       admissible=sorted(state["validActions"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class TWXFamily:
+  name: str = "textworld_express"
+
+  def make_env(self, cfg: Any) -> TWXEnv:
+    return TWXEnv(cfg)
+
+  def tasks(self, cfg: Any, split: str) -> list[Task]:
+    return task_panel(cfg, split)
+
+  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: Observation,
+                    cfg: Any) -> str:
+    choices = [f"Valid actions: {', '.join(obs.admissible or [])}"]
+    return prompting.render_step_prompt(
+        intro=INTRO, task_description=task_description, history=history, observation=obs.text,
+        choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
+        history_obs_chars=cfg.history_obs_chars)
+
+  def parse_action(self, response: str, cfg: Any) -> ParsedAction:
+    return prompting.parse_action(response, cfg.require_think)
+
+
+FAMILY = TWXFamily()
