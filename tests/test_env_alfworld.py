@@ -6,7 +6,6 @@ from alfworld's own goal library, and game.tw-pddl as alfworld-generate writes i
 grammar with the templated goal text, a planner walkthrough, `solvable`).
 """
 import json
-import os
 import pathlib
 import random
 import shutil
