@@ -33,8 +33,10 @@ def _write_game(trial: pathlib.Path, domain: str, grammar: str) -> None:
   scene = (FIXTURES / "scenes" / f"{traj['scene']['floor_plan']}.pddl").read_text()
   problem = scene + goal
   (trial / "initial_state.pddl").write_text(problem)
+  state = random.getstate()
   random.seed(0)  # alfworld picks one of two goal templates with the global RNG
   game = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj), "pddl_problem": problem}
+  random.setstate(state)
   planner = AlfredDemangler(PddlEnv(textworld.EnvInfos(extras=["walkthrough"])), shuffle=False)
   try:
     planner.load(dict(game, walkthrough=None))

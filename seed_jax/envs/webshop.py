@@ -148,6 +148,7 @@ class WebShopEnv:
         self._attr_asins.setdefault(a, []).append(p.asin)
     self._rng = random.Random(0)
     self._s: _Session | None = None
+    self._clickables: dict[str, tuple[str, str]] = {}  # of the page last shown
 
   def reset(self, task: base.Task) -> base.Observation:
     idx, asin = task.spec.get("goal_idx"), task.spec.get("asin")
@@ -165,13 +166,12 @@ class WebShopEnv:
       raise RuntimeError("webshop: step() before reset()")
     was_done = self._s.page == "done"
     if not was_done:
-      _, clickables, _ = self._page()
       m = _ACTION.match(action)
       name, arg = (m.group(1), m.group(2).lower()) if m else (action, None)
       if name == "search" and arg:
         self._show_results(arg.split(" "), 1)
-      elif name == "click" and arg in clickables and arg != "search":
-        self._click(arg, clickables[arg])
+      elif name == "click" and arg in self._clickables and arg != "search":
+        self._click(arg, self._clickables[arg])
     s = self._s
     done = s.page == "done"
     won = done and s.score == 1.0
@@ -226,7 +226,8 @@ class WebShopEnv:
     if keywords[0] == "<a>":
       return list(self._attr_asins.get(rest, []))
     if keywords[0] == "<c>":
-      return [p.asin for p in products if p.category == (keywords[1].strip() if len(keywords) > 1 else "")]
+      category = keywords[1].strip() if len(keywords) > 1 else ""
+      return [p.asin for p in products if p.category == category]
     if keywords[0] == "<q>":
       return [p.asin for p in products if p.query == rest]
     return [products[i].asin for i in self._index.search(" ".join(keywords))]
@@ -272,10 +273,10 @@ class WebShopEnv:
             str(s.score), "Reward Details", "None"]
 
   def _observation(self) -> base.Observation:
-    nodes, clickables, has_search_bar = self._page()
+    nodes, self._clickables, has_search_bar = self._page()
     raw = SEP.join(t for t in map(_visible, nodes) if t is not None)
     instruction = _visible(self._s.goal.instruction_text) or ""
-    actions = ([SEARCH_ACTION] if has_search_bar else []) + [f"click[{c}]" for c in clickables]
+    actions = ([SEARCH_ACTION] if has_search_bar else []) + [f"click[{c}]" for c in self._clickables]
     return base.Observation(format_observation(raw, instruction), instruction, actions,
                             {"raw": raw, "page": self._s.page})
 
