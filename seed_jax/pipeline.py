@@ -68,7 +68,7 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   loss_cfg = objectives.SeedLossConfig.from_config(cfg.objectives)
   if not cfg.analyzer.enabled and loss_cfg.uses_skill:
     loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")  # plain GRPO on the same code path
-  optimizer = update_lib.make_optimizer(cfg.update)
+  optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
       chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher)

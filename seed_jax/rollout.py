@@ -53,7 +53,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
     ep = _Episode(traj=traj, obs=None, history=[])
     if isinstance(obs, EnvError):
       traj.termination, ep.active = "env_error", False
-      traj.info = {"env_error": str(obs)}
+      traj.info["env_error"] = str(obs)
     else:
       ep.obs, traj.task_description = obs, obs.task_description
     episodes.append(ep)
@@ -89,7 +89,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       step = ep.traj.steps[-1]
       if isinstance(res, EnvError):
         ep.traj.termination, ep.active = "env_error", False
-        ep.traj.info = {"env_error": str(res)}
+        ep.traj.info["env_error"] = str(res)
         continue
       step.reward, step.done = float(res.reward), bool(res.done)
       step.info.update({k: v for k, v in res.info.items() if k in ("success", "score", "truncated")})

@@ -96,6 +96,7 @@ class Trajectory:
   termination: str = "done"
   truncated_prompts: int = 0  # prompts whose history was left-truncated to fit the context
   task_description: str = ""
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"env_error": "..."}
 
   @property
   def length(self) -> int:

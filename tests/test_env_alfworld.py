@@ -1,0 +1,188 @@
+"""ALFWorld env on authored games in the official on-disk format, played by the real TextWorld PDDL engine.
+
+tests/fixtures/alfworld holds two scenes (objects + initial state, ALFRED's PDDL) and nine trial folders with
+traj_data.json. `_build_data` lays them out as alfworld-download's data: initial_state.pddl = scene + the goal
+from alfworld's own goal library, and game.tw-pddl as alfworld-generate writes it (shipped domain, shipped
+grammar with the templated goal text, a planner walkthrough, `solvable`).
+"""
+import json
+import pathlib
+import random
+import shutil
+
+import pytest
+
+from seed_jax.envs import alfworld, base
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "alfworld"
+
+
+def _write_game(trial: pathlib.Path, domain: str, grammar: str) -> None:
+  import textworld
+  from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+  from alfworld.agents.utils.misc import add_task_to_grammar
+  from alfworld.gen import goal_library
+  from textworld.envs import PddlEnv
+
+  traj = json.loads((trial / "traj_data.json").read_text())
+  params = traj["pddl_params"]
+  goal_type = traj["task_type"] + ("_slice" if params["object_sliced"] else "")
+  goal = goal_library.gdict[goal_type]["pddl"].replace("#", "-").format(
+    obj=params["object_target"], recep=params["parent_target"], toggle=params["toggle_target"],
+    mrecep=params["mrecep_target"])
+  scene = (FIXTURES / "scenes" / f"{traj['scene']['floor_plan']}.pddl").read_text()
+  problem = scene + goal
+  (trial / "initial_state.pddl").write_text(problem)
+  state = random.getstate()
+  random.seed(0)  # alfworld picks one of two goal templates with the global RNG
+  game = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj), "pddl_problem": problem}
+  random.setstate(state)
+  planner = AlfredDemangler(PddlEnv(textworld.EnvInfos(extras=["walkthrough"])), shuffle=False)
+  try:
+    planner.load(dict(game, walkthrough=None))
+    plan = planner.reset()["extra.walkthrough"]
+  except KeyError:  # fast-downward's translator proved the goal unreachable; the engine cannot load it
+    plan = []
+  game.update(walkthrough=plan or None, solvable=bool(plan))
+  (trial / "game.tw-pddl").write_text(json.dumps(game))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> str:
+  import alfworld as alfworld_pkg
+
+  shipped = pathlib.Path(alfworld_pkg.__file__).parent / "data"
+  domain, grammar = (shipped / "alfred.pddl").read_text(), (shipped / "alfred.twl2").read_text()
+  root = tmp_path_factory.mktemp("alfworld_data")
+  shutil.copytree(FIXTURES / "json_2.1.1", root / "json_2.1.1")
+  for traj in sorted(root.glob("json_2.1.1/*/*/*/traj_data.json")):
+    _write_game(traj.parent, domain, grammar)
+  return str(root)
+
+
+def _cfg(data_dir):
+  cfg = alfworld.default_config()
+  cfg.data_dir = data_dir
+  return cfg
+
+
+def test_panels_follow_alfworld_selection_rules_in_a_fixed_order(data_dir):
+  cfg = _cfg(data_dir)
+  seen = alfworld.FAMILY.tasks(cfg, "valid_seen")
+  # Six trial folders: the unsolvable apple->coffeemachine goal, the AppleSliced and the movable-receptacle
+  # folders are dropped; the rest comes sorted by path.
+  assert [t.task_id for t in seen] == [
+    "valid_seen/pick_clean_then_place_in_recep-Mug-None-CoffeeMachine-10/trial_T20190907_212755_456877",
+    "valid_seen/pick_heat_then_place_in_recep-Apple-None-DiningTable-10/trial_T20190908_054316_003433",
+    "valid_seen/pick_two_obj_and_place-Potato-None-CounterTop-10/trial_T20190909_012518_447851",
+  ]
+  assert [t.family for t in seen] == ["clean", "heat", "pick_two"]
+  assert seen[0].spec == {
+    "game_file": "json_2.1.1/valid_seen/pick_clean_then_place_in_recep-Mug-None-CoffeeMachine-10/"
+                 "trial_T20190907_212755_456877/game.tw-pddl",
+    "task_type": "pick_clean_then_place_in_recep"}
+  assert all(t.split == "valid_seen" and t.env == "alfworld" for t in seen)
+  unseen = alfworld.FAMILY.tasks(cfg, "valid_unseen")
+  assert [t.family for t in unseen] == ["look", "cool"]
+  assert [t.family for t in alfworld.FAMILY.tasks(cfg, "train")] == ["pick"]
+  # Same panel from a second call and after a JSON round trip (what worker processes receive).
+  assert [base.Task.from_json(t.to_json()) for t in seen] == alfworld.FAMILY.tasks(cfg, "valid_seen")
+
+
+def test_panel_drops_a_trial_without_game_file(data_dir, tmp_path):
+  root = tmp_path / "data"
+  shutil.copytree(data_dir, root)
+  (next(root.glob("json_2.1.1/valid_seen/pick_two*/*")) / "game.tw-pddl").unlink()
+  assert [t.family for t in alfworld.FAMILY.tasks(_cfg(str(root)), "valid_seen")] == ["clean", "heat"]
+
+
+def test_missing_data_and_bad_split_are_clear_errors(tmp_path, monkeypatch):
+  monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+  with pytest.raises(FileNotFoundError, match="alfworld-download"):
+    alfworld.FAMILY.tasks(_cfg(str(tmp_path)), "valid_seen")
+  monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+  with pytest.raises(FileNotFoundError, match="nowhere"):
+    alfworld.data_root(alfworld.default_config())
+  (tmp_path / "json_2.1.1").mkdir()
+  with pytest.raises(ValueError, match="split='test'"):
+    alfworld.FAMILY.tasks(_cfg(str(tmp_path)), "test")
+
+
+def test_clean_game_played_to_a_win(data_dir):
+  cfg = _cfg(data_dir)
+  task = alfworld.FAMILY.tasks(cfg, "valid_seen")[0]
+  env = alfworld.FAMILY.make_env(cfg)
+  obs = env.reset(task)
+  assert obs.text == (
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you "
+    "see a cabinet 1, a coffeemachine 1, a countertop 1, a diningtable 1, a fridge 1, a microwave 1, and a "
+    "sinkbasin 1.\n\nYour task is to: clean some mug and put it in coffeemachine.")
+  assert obs.task_description == "clean some mug and put it in coffeemachine."
+  assert obs.admissible == ["go to cabinet 1", "go to coffeemachine 1", "go to countertop 1",
+                            "go to diningtable 1", "go to fridge 1", "go to microwave 1", "go to sinkbasin 1",
+                            "inventory", "look"]  # the engine also offers "help", which is dropped
+  gold = env.gold_actions()
+  assert gold == ["go to countertop 1", "take mug 1 from countertop 1", "go to sinkbasin 1",
+                  "clean mug 1 with sinkbasin 1", "go to coffeemachine 1", "move mug 1 to coffeemachine 1"]
+  feedback, rewards = [], []
+  for action in gold:
+    result = env.step(action)
+    feedback.append(result.observation.text)
+    rewards.append(result.reward)
+  assert feedback[0] == "You arrive at countertop 1. On the countertop 1, you see a mug 1."
+  assert feedback[3] == "You clean the mug 1 using the sinkbasin 1."
+  assert rewards == [0.0] * 5 + [10.0]
+  assert result.done and result.info == {"success": True, "score": 1.0, "won": True}
+  # A second reset of the same game starts from the initial state again.
+  assert env.reset(task).text == obs.text
+  env.close()
+
+
+def test_heat_game_played_to_a_loss(data_dir):
+  cfg = _cfg(data_dir)
+  task = alfworld.FAMILY.tasks(cfg, "valid_seen")[1]
+  env = alfworld.FAMILY.make_env(cfg)
+  assert env.reset(task).task_description == "heat some apple and put it in diningtable."
+  # Cooling instead of heating: every step is legal, the goal never holds within the 30-step cap.
+  script = ["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "cool apple 1 with fridge 1",
+            "go to diningtable 1", "move apple 1 to diningtable 1"]
+  results = [env.step(a) for a in script]
+  assert results[2].observation.text == "You pick up the apple 1 from the fridge 1."
+  assert results[5].observation.text == "You move the apple 1 to the diningtable 1."
+  wait = [env.step("look") for _ in range(cfg.max_steps - len(script))]
+  assert not any(r.done or r.reward for r in results + wait)
+  assert wait[-1].info == {"success": False, "score": 0.0, "won": False}
+  # A command outside the admissible list changes nothing.
+  assert env.step("fly to the moon").observation.text == "Nothing happens."
+  env.close()
+
+
+def test_pick_two_and_look_families_are_winnable(data_dir):
+  cfg = _cfg(data_dir)
+  env = alfworld.FAMILY.make_env(cfg)
+  for task in [alfworld.FAMILY.tasks(cfg, "valid_seen")[2], alfworld.FAMILY.tasks(cfg, "valid_unseen")[0]]:
+    env.reset(task)
+    results = [env.step(a) for a in env.gold_actions()]
+    assert [r.done for r in results] == [False] * (len(results) - 1) + [True], task.task_id
+    assert results[-1].reward == 10.0
+  assert results[-1].observation.text == "You turn on the desklamp 1."
+  env.close()
+
+
+def test_prompt_and_action_parsing():
+  cfg = alfworld.default_config()
+  obs = base.Observation("You arrive at countertop 1.", "put a mug in cabinet.", ["look", "inventory"])
+  history = [(f"obs {i}", f"act {i}") for i in range(7)]
+  prompt = alfworld.FAMILY.render_prompt("put a mug in cabinet.", history, obs, cfg)
+  lines = prompt.split("\n")
+  assert sum(line.startswith(base.TASK_LINE_PREFIX) for line in lines) == 1
+  assert lines[-1].startswith(base.TURN_LINE_PREFIX)
+  assert "obs 1" not in prompt and "obs 2" in prompt and "obs 6" in prompt  # last 5 pairs only
+  assert "'look'\n 'inventory'" in prompt
+  parse = lambda r: alfworld.FAMILY.parse_action(r, cfg)
+  assert parse("<think>go</think><action>Go To Cabinet 1</action>") == base.ParsedAction("go to cabinet 1", True)
+  assert parse("<action>look</action>") == base.ParsedAction("look", False, "no_think_tags")
+  # No action tags: the last 30 characters go to the env.
+  bad = parse("<think>x</think> I will just look around the room now")
+  assert bad == base.ParsedAction(" just look around the room now", False, "no_action_tags")
+  assert parse("<think>看</think><action>look</action>").reason == "cjk"
