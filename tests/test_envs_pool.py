@@ -97,6 +97,8 @@ def test_bad_arguments_are_rejected(cfg, tasks):
   with EnvPool(twx.FAMILY, cfg, num_envs=1) as pool:
     with pytest.raises(ValueError, match=r"env indices \[3\] out of range"):
       pool.step({3: "look around"})
-    with pytest.raises(ValueError, match="2 tasks for 1 indices"):
+    with pytest.raises(ValueError, match=r"2 tasks for indices \[0\]"):
       pool.reset(tasks, indices=[0])
+    with pytest.raises(ValueError, match="one task per distinct index"):
+      pool.reset(tasks, indices=[0, 0])
     assert pool.step({0: "look around"})[0].kind == "not_reset"

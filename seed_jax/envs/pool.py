@@ -122,8 +122,8 @@ class EnvPool:
     """Resets env indices[k] (default k) to tasks[k], all in parallel. A group of G envs given the same Task
     starts from identical observations (env resets are deterministic)."""
     indices = list(range(len(tasks))) if indices is None else list(indices)
-    if len(indices) != len(tasks):
-      raise ValueError(f"reset got {len(tasks)} tasks for {len(indices)} indices")
+    if len(indices) != len(tasks) or len(set(indices)) != len(indices):
+      raise ValueError(f"reset got {len(tasks)} tasks for indices {indices} (one task per distinct index)")
     self._check_indices(indices)
     out = self._call({i: ("reset", (t,)) for i, t in zip(indices, tasks)}, self.reset_timeout_s)
     for i in indices:
@@ -156,9 +156,13 @@ class EnvPool:
         w.conn.send(("close", ()))
       except (OSError, ValueError):
         pass
-    deadline = time.monotonic() + 10.0
+    # Wait on the sentinels, which does not reap: an unreaped worker keeps its group id from being reused
+    # before killpg runs.
+    running, deadline = [w.proc.sentinel for w in self._workers], time.monotonic() + 10.0
+    while running and time.monotonic() < deadline:
+      done = wait(running, timeout=max(0.0, deadline - time.monotonic()))
+      running = [s for s in running if s not in done]
     for w in self._workers:
-      w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
       w.kill()
 
   def __enter__(self) -> "EnvPool":
