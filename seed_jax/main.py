@@ -50,6 +50,20 @@ def main(argv):
       print(f"  {k} = {m[k]}")
 
 
-if __name__ == "__main__":
+def _parse_flags(argv):
+  """Bad overrides end the run with one clear line instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    sys.exit(f"config error: unknown config field {str(e).strip(chr(34) + chr(39))!r} in the --config overrides")
+  except (TypeError, ValueError, flags.Error) as e:
+    sys.exit(f"config error: {e}")
+
+
+def run():
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -54,6 +54,14 @@ class Runtime:
     self.pool.close()
 
 
+def effective_loss_config(cfg: ml_collections.ConfigDict) -> objectives.SeedLossConfig:
+  """The loss settings; with the analyzer off there is no skill signal: plain GRPO on the same code path."""
+  loss_cfg = objectives.SeedLossConfig.from_config(cfg.objectives)
+  if not cfg.analyzer.enabled and loss_cfg.uses_skill:
+    loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")
+  return loss_cfg
+
+
 def build(cfg: ml_collections.ConfigDict) -> Runtime:
   mesh = make_mesh(tuple(cfg.mesh.shape))
   spec, params = weights.load_model(cfg.model.path, mesh)
@@ -65,9 +73,7 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
       max_rows=cfg.rescore.max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype), mesh)
-  loss_cfg = objectives.SeedLossConfig.from_config(cfg.objectives)
-  if not cfg.analyzer.enabled and loss_cfg.uses_skill:
-    loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")  # plain GRPO on the same code path
+  loss_cfg = effective_loss_config(cfg)
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
