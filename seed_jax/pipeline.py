@@ -246,7 +246,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
   try:
-    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer, rt.mesh)
     start, history = 0, []
     if ckpt.latest_step() is not None:
       state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from seed_jax import objectives
 from seed_jax.models.spec import ModelSpec
@@ -79,9 +80,15 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
                      optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
 
 
-def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                    skipped=jnp.zeros((), jnp.int32))
+def init_state(params, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
+  """Optimizer moments inherit each param's sharding; with a mesh, every other leaf (step counters) is placed
+  replicated on it, so a restored state lands on the same devices as a fresh one."""
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                     skipped=jnp.zeros((), jnp.int32))
+  if mesh is None:
+    return state
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
 
 
 def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperature, *, spec: ModelSpec,

@@ -190,3 +190,20 @@ def test_config_errors_are_one_clear_line(flag, message):
   assert proc.returncode != 0
   assert message in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
+  from configs import sciworld as sciworld_config
+  c = sciworld_config.get_config("")
+  c.model.path, c.model.max_prompt_tokens = tiny_model_dir, 1024
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 1, 2, 8
+  c.env.max_steps, c.env.task_types = 2, "boil"
+  c.analyzer.max_new_tokens, c.analyzer.max_prompt_tokens = 8, 1024  # the policy itself analyzes (greedy)
+  c.learner.minibatch_size, c.learner.micro_batch_size = 4, 2
+  c.train.num_updates, c.eval.at_end = 1, False
+  validate(c)
+  out = pipeline.train(c, str(tmp_path))
+  m = out["metrics"]
+  assert m["rollout/episodes"] == 2 and m["rollout/env_errors"] == 0 and m["rollout/episode_length"] == 2
+  assert 0.0 <= m["analysis/parse_rate"] <= 1.0 and m["update/optimizer_steps"] == 1
+  assert os.path.exists(os.path.join(str(tmp_path), "dumps", "skills_step000000.jsonl"))
