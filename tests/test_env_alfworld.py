@@ -178,7 +178,7 @@ def test_prompt_and_action_parsing():
   assert sum(line.startswith(base.TASK_LINE_PREFIX) for line in lines) == 1
   assert lines[-1].startswith(base.TURN_LINE_PREFIX)
   assert "obs 1" not in prompt and "obs 2" in prompt and "obs 6" in prompt  # last 5 pairs only
-  assert "'look'\n 'inventory'" in prompt
+  assert lines[-3:-1] == ["You arrive at countertop 1.", "Your admissible actions: look, inventory"]
   parse = lambda r: alfworld.FAMILY.parse_action(r, cfg)
   assert parse("<think>go</think><action>Go To Cabinet 1</action>") == base.ParsedAction("go to cabinet 1", True)
   assert parse("<action>look</action>") == base.ParsedAction("look", False, "no_think_tags")
