@@ -16,11 +16,7 @@ def get_config(variant: str = ""):
     cpu_default(c)
     c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
   elif variant == "paper":
-    c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
-    c.model.max_prompt_tokens = 4096
-    c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
-    c.learner.minibatch_size = 256
-    c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
+    paper_default(c)
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/sciworld.py; known: '', 'paper'")
   return c
@@ -37,3 +33,13 @@ def cpu_default(c):
   c.train.num_updates = 2
   c.eval.every, c.eval.max_tasks = 0, 4
   c.sampler.max_batch = 16
+
+
+def paper_default(c):
+  """SEED's model-side settings (SEED_ALGORITHM.md §2-3): a 3B checkpoint, 4k step prompts, 16k/4k analysis,
+  mini-batches of 256 step-samples, bf16 compute. B, G and the env's steps/history are the env config's."""
+  c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
+  c.model.max_prompt_tokens = 4096
+  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
+  c.learner.minibatch_size = 256
+  c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"

@@ -1,63 +1,18 @@
 """ALFWorld env on authored games in the official on-disk format, played by the real TextWorld PDDL engine.
 
-tests/fixtures/alfworld holds two scenes (objects + initial state, ALFRED's PDDL) and nine trial folders with
-traj_data.json. `_build_data` lays them out as alfworld-download's data: initial_state.pddl = scene + the goal
-from alfworld's own goal library, and game.tw-pddl as alfworld-generate writes it (shipped domain, shipped
-grammar with the templated goal text, a planner walkthrough, `solvable`).
+The data folder is built from tests/fixtures/alfworld by alfworld_data.build_data.
 """
-import json
-import pathlib
-import random
 import shutil
 
 import pytest
 
+from alfworld_data import build_data
 from seed_jax.envs import alfworld, base
-
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "alfworld"
-
-
-def _write_game(trial: pathlib.Path, domain: str, grammar: str) -> None:
-  import textworld
-  from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
-  from alfworld.agents.utils.misc import add_task_to_grammar
-  from alfworld.gen import goal_library
-  from textworld.envs import PddlEnv
-
-  traj = json.loads((trial / "traj_data.json").read_text())
-  params = traj["pddl_params"]
-  goal_type = traj["task_type"] + ("_slice" if params["object_sliced"] else "")
-  goal = goal_library.gdict[goal_type]["pddl"].replace("#", "-").format(
-    obj=params["object_target"], recep=params["parent_target"], toggle=params["toggle_target"],
-    mrecep=params["mrecep_target"])
-  scene = (FIXTURES / "scenes" / f"{traj['scene']['floor_plan']}.pddl").read_text()
-  problem = scene + goal
-  (trial / "initial_state.pddl").write_text(problem)
-  state = random.getstate()
-  random.seed(0)  # alfworld picks one of two goal templates with the global RNG
-  game = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj), "pddl_problem": problem}
-  random.setstate(state)
-  planner = AlfredDemangler(PddlEnv(textworld.EnvInfos(extras=["walkthrough"])), shuffle=False)
-  try:
-    planner.load(dict(game, walkthrough=None))
-    plan = planner.reset()["extra.walkthrough"]
-  except KeyError:  # fast-downward's translator proved the goal unreachable; the engine cannot load it
-    plan = []
-  game.update(walkthrough=plan or None, solvable=bool(plan))
-  (trial / "game.tw-pddl").write_text(json.dumps(game))
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> str:
-  import alfworld as alfworld_pkg
-
-  shipped = pathlib.Path(alfworld_pkg.__file__).parent / "data"
-  domain, grammar = (shipped / "alfred.pddl").read_text(), (shipped / "alfred.twl2").read_text()
-  root = tmp_path_factory.mktemp("alfworld_data")
-  shutil.copytree(FIXTURES / "json_2.1.1", root / "json_2.1.1")
-  for traj in sorted(root.glob("json_2.1.1/*/*/*/traj_data.json")):
-    _write_game(traj.parent, domain, grammar)
-  return str(root)
+  return build_data(tmp_path_factory.mktemp("alfworld_data"))
 
 
 def _cfg(data_dir):
@@ -178,7 +133,7 @@ def test_prompt_and_action_parsing():
   assert sum(line.startswith(base.TASK_LINE_PREFIX) for line in lines) == 1
   assert lines[-1].startswith(base.TURN_LINE_PREFIX)
   assert "obs 1" not in prompt and "obs 2" in prompt and "obs 6" in prompt  # last 5 pairs only
-  assert "'look'\n 'inventory'" in prompt
+  assert lines[-3:-1] == ["You arrive at countertop 1.", "Your admissible actions: look, inventory"]
   parse = lambda r: alfworld.FAMILY.parse_action(r, cfg)
   assert parse("<think>go</think><action>Go To Cabinet 1</action>") == base.ParsedAction("go to cabinet 1", True)
   assert parse("<action>look</action>") == base.ParsedAction("look", False, "no_think_tags")

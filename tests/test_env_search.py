@@ -171,13 +171,13 @@ def test_search_then_answer_earns_reward_10(cfg):
   assert prompt.splitlines()[-1].startswith(base.TURN_LINE_PREFIX)
 
   act = search.FAMILY.parse_action("<think>look it up</think><search> capital city of Australia </search>", cfg)
-  assert act == base.ParsedAction("<search>capital city of Australia</search>", True)
+  assert act == base.ParsedAction("<search>capital city of australia</search>", True)
   r = env.step(act.action)
   assert (r.reward, r.done, r.info["success"]) == (0.0, False, False)
   assert r.observation.text.startswith('<information>Doc 1(Title: "Canberra") Canberra is the capital city')
   history.append((obs.text, act.action))
   prompt = search.FAMILY.render_prompt(obs.task_description, history, r.observation, cfg)
-  assert "<search>capital city of Australia</search>\n<information>Doc 1" in prompt
+  assert "Step 1 action: <search>capital city of australia</search>\nStep 2 observation (now):\n<information>Doc 1" in prompt
 
   act = search.FAMILY.parse_action("<think>Doc 1 says so</think><answer>canberra.</answer>", cfg)
   r = env.step(act.action)
@@ -206,15 +206,15 @@ def test_wrong_answer_and_turn_limit(cfg):
 
 def test_malformed_outputs_are_invalid(cfg):
   parse = lambda s, think=False: search.parse_search_action(s, think)
-  assert parse("I think it is Paris") == base.ParsedAction("I think it is Paris"[-30:], False, "no_action_tags")
+  assert parse("I think it is Paris") == base.ParsedAction("i think it is paris", False, "no_action_tags")
   assert parse("<answer>Paris") .reason == "no_action_tags"
   both = parse("<search>eiffel</search> <answer>Paris</answer>")
   assert both == base.ParsedAction("<search>eiffel</search>", False, "multiple_actions")
-  assert parse("<answer>A</answer><answer>B</answer>") == base.ParsedAction("<answer>A</answer>", False,
+  assert parse("<answer>A</answer><answer>B</answer>") == base.ParsedAction("<answer>a</answer>", False,
                                                                              "multiple_actions")
   assert parse("<search>  </search>").reason == "empty"
   assert parse("<answer>Paris</answer>", think=True).reason == "no_think_tags"
-  assert parse("<think>t</think><ANSWER> Paris </ANSWER>", think=True) == base.ParsedAction("<answer>Paris</answer>",
+  assert parse("<think>t</think><ANSWER> Paris </ANSWER>", think=True) == base.ParsedAction("<answer>paris</answer>",
                                                                                          True)
   env = search.FAMILY.make_env(cfg)
   env.reset(search.FAMILY.tasks(cfg, "test")[0])

@@ -123,7 +123,8 @@ def test_parse_action():
   assert parse("<think>box is right</think><action>Right</action>") == base.ParsedAction("right", True)
   assert parse("<think>t</think><action> move up. </action>") == base.ParsedAction("up", True)
   assert parse("<think>t</think><action>up or down</action>").reason == "not_admissible"
-  assert parse("<action>up</action>") == base.ParsedAction("<action>up</action>", False, "no_think_tags")
+  assert parse("<action>up</action>") == base.ParsedAction("up", False, "no_think_tags")  # still sent
+  assert parse("<action>jump</action>", require_think=False) == base.ParsedAction("jump", False, "not_admissible")
   assert parse("<action>up</action>", require_think=False) == base.ParsedAction("up", True)
   assert parse("I go up").reason == "no_action_tags"
   assert parse("<think>向上</think><action>up</action>").reason == "cjk"
@@ -145,7 +146,7 @@ def test_prompt_and_tasks():
   cfg.observation, cfg.history_length = "image", 2
   prompt = sokoban.FAMILY.render_prompt(obs.task_description, [("g1", "up"), ("g2", "left"), ("g3", "down")], obs, cfg)
   assert "<image>" in prompt and obs.text not in prompt and "g1" not in prompt
-  assert "Step 3 observation:\ng3\nStep 3 action: down" in prompt
+  assert "Step 3 observation: g3\nStep 3 action: down\nStep 4 observation (now):\n<image>\n" in prompt
   cfg.observation = "pixels"
   with pytest.raises(ValueError, match="observation"):
     sokoban.FAMILY.make_env(cfg)

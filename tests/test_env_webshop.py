@@ -220,7 +220,7 @@ def test_prompt_and_action_parsing():
   lines = prompt.split("\n")
   assert lines[1] == f"{base.TASK_LINE_PREFIX} {HAIR_GOAL}" and lines[-1].startswith(base.TURN_LINE_PREFIX)
   assert "search[a]" not in prompt and "search[b]" in prompt and "click[c]" in prompt  # last 2 pairs
-  assert "[\n'search[<your query>]',\n'click[search]',\n]." in prompt
+  assert lines[-4:-1] == ["Your admissible actions, one per line:", "search[<your query>]", "click[search]"]
   parse = lambda r: webshop.FAMILY.parse_action(r, cfg)
   assert parse("<think>ok</think><action>Search[Clip In Hair]</action>") == base.ParsedAction("search[clip in hair]", True)
   assert parse("search[clip in hair]").reason == "no_action_tags"

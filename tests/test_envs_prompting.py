@@ -2,7 +2,7 @@
 import pytest
 
 from seed_jax.envs import prompting
-from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Observation
+from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Observation, ParsedAction
 
 LONG_NO_TAGS = "I think I should open the fridge and then take the milk out"
 
@@ -101,3 +101,40 @@ def test_family_prompts_have_task_and_turn_lines():
       "t", [], obs_twx, textworld_express.default_config())
   sw_prompt = sciworld.FAMILY.render_prompt("t", [], obs_sw, sciworld.default_config())
   assert "look around, open OBJ" in sw_prompt and "door to kitchen, air" in sw_prompt
+
+
+# tags=("search", "answer"): the earliest complete block wins and is sent in canonical form.
+TAGS = ("search", "answer")
+TAG_TABLE = [
+    ("<think>x</think><Search> Capital of France </Search>", "<search>capital of france</search>", True, ""),
+    ("<answer>Paris</answer><search>q</search>", "<answer>paris</answer>", True, ""),
+    ("<answer>Paris <search>q</search>", "<search>q</search>", True, ""),  # the only complete block
+    ("<search>a <answer>b</answer></search>", "<search>a <answer>b</answer></search>"[-30:], False, "nested_tags"),
+    ("<answer> </answer>", "<answer> </answer>", False, "empty"),
+    ("<action>go</action>", "<action>go</action>", False, "no_action_tags"),
+    ("<answer>巴黎</answer>", "<answer>巴黎</answer>", False, "cjk"),
+]
+
+
+@pytest.mark.parametrize("response,action,valid,reason", TAG_TABLE)
+def test_parse_action_with_a_tag_set(response, action, valid, reason):
+  parsed = prompting.parse_action(response, require_think=False, tags=TAGS)
+  assert (parsed.action, parsed.valid, parsed.reason) == (action, valid, reason)
+
+
+def test_tag_set_in_turn_line_and_no_tags_is_an_error():
+  assert prompting.turn_line(False, TAGS) == (
+      f"{TURN_LINE_PREFIX}: give exactly one action inside <search></search> or <answer></answer> (you may think "
+      "first inside <think></think>).")
+  assert prompting.turn_line(True) == prompting.turn_line(True, ("action",))
+  with pytest.raises(ValueError, match="tags"):
+    prompting.parse_action("<action>x</action>", tags=())
+
+
+def test_restrict_maps_onto_a_vocabulary():
+  yes_no = lambda text: {"y": "yes", "yes": "yes", "n": "no", "no": "no"}.get(text)
+  restrict = lambda r, think=True: prompting.restrict(prompting.parse_action(r, think), yes_no)
+  assert restrict("<think>t</think><action>Y</action>") == ParsedAction("yes", True)
+  assert restrict("<action>n</action>") == ParsedAction("no", False, "no_think_tags")
+  assert restrict("<think>t</think><action>maybe</action>") == ParsedAction("maybe", False, "not_admissible")
+  assert restrict("no tags at all") == ParsedAction("no tags at all", False, "no_action_tags")

@@ -7,8 +7,13 @@ from seed_jax.envs.base import EnvFamily
 
 # name -> module defining FAMILY; imported on demand so that importing seed_jax.envs starts no simulator code.
 _MODULES = {
+    "alfworld": "seed_jax.envs.alfworld",
+    "ezpoints": "seed_jax.envs.ezpoints",
     "sciworld": "seed_jax.envs.sciworld",
+    "search": "seed_jax.envs.search",
+    "sokoban": "seed_jax.envs.sokoban",
     "textworld_express": "seed_jax.envs.textworld_express",
+    "webshop": "seed_jax.envs.webshop",
 }
 
 

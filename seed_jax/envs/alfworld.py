@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any, Sequence
 
 import ml_collections
 
-from seed_jax.envs import base
+from seed_jax.envs import base, prompting
 
 NAME = "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -48,8 +47,14 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.max_steps = 30
   # Number of past (observation, action) pairs shown in each step prompt (SEED paper: 5).
   cfg.history_length = 5
+  # Past observations in the prompt are clipped to this many characters (0 = no limit).
+  cfg.history_obs_chars = 0
   # An answer without <think>...</think> is an invalid action.
   cfg.require_think = True
+  # Pool deadlines: one step; one reset (loading a game file); a fresh worker importing the engine.
+  cfg.step_timeout_s = 30.0
+  cfg.reset_timeout_s = 120.0
+  cfg.start_timeout_s = 120.0
   return cfg
 
 
@@ -147,38 +152,7 @@ class AlfworldEnv:
     return base.Observation(state.feedback, self._task_description, admissible, {"game_file": self._game_file})
 
 
-# ---- Prompt rendering and action parsing: minimal private versions, to be replaced by the shared helpers
-# ---- in seed_jax/envs/prompting.py once they land.
-_CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _render_prompt(env_intro: str, task_description: str, history: Sequence[tuple[str, str]],
-                   obs: base.Observation, history_length: int) -> str:
-  lines = [env_intro, f"{base.TASK_LINE_PREFIX} {task_description}"]
-  recent = list(history)[-history_length:] if history_length > 0 else []
-  if recent:
-    lines.append(f"Your most recent {len(recent)} observations and actions:")
-    lines += [f"[Observation: {o!r}, Action: {a!r}]" for o, a in recent]
-  lines.append(f"Your current observation is: {obs.text}")
-  if obs.admissible is not None:
-    lines.append("Your admissible actions of the current situation are: ["
-                 + "\n ".join(f"'{a}'" for a in obs.admissible) + "].")
-  lines.append(f"{base.TURN_LINE_PREFIX} to act: reason step by step inside <think> </think>, then give one "
-               "admissible action inside <action> </action>.")
-  return "\n".join(lines)
-
-
-def _parse_action(response: str, require_think: bool) -> base.ParsedAction:
-  text = response.lower()
-  start, end = text.find("<action>"), text.find("</action>")
-  if start < 0 or end < 0:
-    return base.ParsedAction(text[-30:], False, "no_action_tags")
-  action = text[start + len("<action>"):end].strip()
-  if require_think and ("<think>" not in text or "</think>" not in text):
-    return base.ParsedAction(action, False, "no_think_tags")
-  if _CJK.search(response):
-    return base.ParsedAction(action, False, "cjk")
-  return base.ParsedAction(action, bool(action), "" if action else "empty")
+INTRO = "You are an expert agent operating in the ALFRED Embodied Environment, a text-based household."
 
 
 class _Alfworld:
@@ -192,11 +166,14 @@ class _Alfworld:
 
   def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                     cfg: Any) -> str:
-    intro = "You are an expert agent operating in the ALFRED Embodied Environment."
-    return _render_prompt(intro, task_description, history, obs, cfg.history_length)
+    choices = [f"Your admissible actions: {', '.join(obs.admissible or [])}"]
+    return prompting.render_step_prompt(
+        intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
+        history_length=cfg.history_length, require_think=cfg.require_think,
+        history_obs_chars=cfg.history_obs_chars)
 
   def parse_action(self, response: str, cfg: Any) -> base.ParsedAction:
-    return _parse_action(response, cfg.require_think)
+    return prompting.parse_action(response, cfg.require_think)
 
 
 FAMILY = _Alfworld()

@@ -65,7 +65,9 @@ class ParsedAction:
   """`action` is what is sent to the environment (also for invalid outputs); `valid` feeds the penalty."""
   action: str
   valid: bool
-  reason: str = ""  # why invalid: "no_action_tags", "no_think_tags", "cjk", "empty"
+  # why invalid: "no_action_tags", "nested_tags", "empty", "no_think_tags", "cjk" (prompting.parse_action),
+  # "not_admissible" (outside a fixed vocabulary), "multiple_actions" (Search: more than one tag opened)
+  reason: str = ""
 
 
 @dataclasses.dataclass

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import functools
 import random
-import re
 from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
 
-from seed_jax.envs import base
+from seed_jax.envs import base, prompting
 
 NAME = "ezpoints"
 TARGET = 12
@@ -39,15 +38,18 @@ def default_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   cfg.max_steps = 8  # tokens per episode; the env ends the episode there (info["truncated"])
   cfg.success_reward = 10.0  # reward when "=" evaluates to 12 with both cards used
-  cfg.c_inv = 0.1  # SEED's invalid-action penalty (read by the pipeline, not by the env)
   cfg.require_think = True  # a response without <think>...</think> is invalid
   cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
+  cfg.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
   cfg.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder
   cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
   cfg.num_train_tasks = 10_000  # panel sizes; task i of a split deals from seed offset + i
   cfg.num_test_tasks = 128
   cfg.train_seed_offset = 0
   cfg.test_seed_offset = 1_000_000
+  cfg.step_timeout_s = 10.0  # pool deadline of one step
+  cfg.reset_timeout_s = 30.0  # pool deadline of one reset
+  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start
   return cfg
 
 
@@ -242,54 +244,31 @@ class EZPointsEnv:
 
 # ------------------------------------------------------------------------------------------ prompts and actions
 
-# Private stand-in for the shared <think>/<action> parser (seed_jax.envs.prompting); replace it with that once
-# it lands. SEED's rule: lower-case, take the text between the first <action> and </action>; invalid when the
-# tags (or, if required, the think tags) are missing or the text has CJK characters; an invalid output is sent
-# to the env as its last 30 characters.
-_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+INTRO = ("You are an expert card game player.\n"
+         "Rules: J, Q and K count as 10 and A counts as 1. Use each card exactly once, with + and *. Each step appends "
+         "one token to the formula: a card's number (1 to 10), \"+\", \"*\" or \"=\"; \"=\" evaluates the formula and "
+         "ends the game.")
 
 
-def _action_text(response: str, require_think: bool) -> tuple[str | None, str]:
-  low = response.lower()
-  start, end = low.find("<action>"), low.find("</action>")
-  if start == -1 or end == -1 or end < start:
-    return None, "no_action_tags"
-  if require_think and (low.find("<think>") == -1 or low.find("</think>") == -1):
-    return None, "no_think_tags"
-  if _CJK_RE.search(response):
-    return None, "cjk"
-  text = low[start + len("<action>"):end].strip()
-  return (text, "") if text else (None, "empty")
+def _token(text: str) -> str | None:
+  """The vocabulary token an action text is (surrounding quotes ignored), else None."""
+  tok = text.strip("'\"` ")
+  return tok if tok in VOCAB else None
 
 
 def parse_ezpoints_action(response: str, require_think: bool = True) -> base.ParsedAction:
-  """Valid iff the action text is one token of the vocabulary (surrounding quotes are ignored)."""
-  text, reason = _action_text(response, require_think)
-  if text is None:
-    return base.ParsedAction(response[-30:], False, reason)
-  tok = text.strip("'\"` ")
-  if tok not in VOCAB:
-    return base.ParsedAction(response[-30:], False, "not_admissible")
-  return base.ParsedAction(tok, True)
+  """The shared parse, then valid only if the action is one token of the vocabulary."""
+  return prompting.restrict(prompting.parse_action(response, require_think), _token)
 
 
 def render_ezpoints_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                            cfg: ml_collections.ConfigDict) -> str:
-  lines = ["You are an expert card game player.",
-           f"{base.TASK_LINE_PREFIX} {task_description}",
-           "Rules: J, Q and K count as 10 and A counts as 1. Use each card exactly once, with + and *. Each step "
-           "appends one token to the formula: a card's number (1 to 10), \"+\", \"*\" or \"=\"; \"=\" evaluates "
-           "the formula and ends the game."]
-  past = list(history)[-cfg.history_length:] if cfg.history_length > 0 else []
-  for k, (o, a) in enumerate(past, len(history) - len(past) + 1):
-    lines += [f"Step {k} observation:", o, f"Step {k} action: {a}"]
+  # The image shows the cards and the formula; the formula line is kept as text.
   current = obs.text if cfg.observation == "text" else "<image>\n" + obs.text.splitlines()[-1]
-  lines += ["Current observation:", current,
-            f"Your admissible actions are {list(VOCAB)}.",
-            "First reason inside <think> </think> about which formula of the two cards makes 12 and which token "
-            "comes next. Then give exactly one token inside <action> </action>.",
-            f"{base.TURN_LINE_PREFIX} to append one token: reply <think> ... </think><action> token </action>."]
-  return "\n".join(lines)
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history, observation=current,
+      choices=[f"Your admissible actions: {', '.join(VOCAB)}"], history_length=cfg.history_length,
+      require_think=cfg.require_think, history_obs_chars=cfg.history_obs_chars)
 
 
 def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

@@ -2,18 +2,22 @@
 
 Every step is a single-turn prompt (SEED_ALGORITHM.md §1): the task line, a window of the last
 `history_length` (observation, action) pairs, the current observation, the admissible actions and the
-answer-format line. The model answers `<think>...</think><action>...</action>`.
+answer-format line. The model answers `<think>...</think><action>...</action>` (or another tag set, e.g.
+Search-QA's `<search>`/`<answer>`). Environments with a fixed action vocabulary map the parsed text onto it
+with `restrict`.
 """
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, ParsedAction
 
 # An unparsable response is still sent to the environment as its last characters, so the episode goes on
 # and the env answers with its usual "unknown action" text.
 INVALID_TAIL_CHARS = 30
+# The answer tag of most environments; Search-QA answers with <search> or <answer> instead.
+ACTION_TAGS = ("action",)
 
 # CJK radicals and punctuation, kana, bopomofo, hangul, unified ideographs (+ ext. A, compatibility, ext. B-G)
 # and full-width forms: a small model drifting into Chinese/Japanese/Korean mid-answer is an invalid action.
@@ -28,26 +32,36 @@ def contains_cjk(text: str) -> bool:
   return _CJK_RE.search(text) is not None
 
 
-def parse_action(response: str, require_think: bool = True) -> ParsedAction:
+def parse_action(response: str, require_think: bool = True, tags: Sequence[str] = ACTION_TAGS) -> ParsedAction:
   """Turns a model response into the action sent to the environment.
 
-  Lower-cases the response and takes the text between the first `<action>` and the first `</action>` after
-  it. Invalid when the action tags are missing, nested, or enclose nothing; when `<think>`/`</think>` are
+  Lower-cases the response and takes the earliest complete `<tag>...</tag>` block of any tag in `tags` (the
+  first `<tag>` and the first `</tag>` after it). With one tag the action is the block's content; with several
+  it is the block in canonical form `<tag>content</tag>`, so the environment knows which kind it got. Invalid
+  when no block is complete, when the content opens another block or is empty; when `<think>`/`</think>` are
   missing or out of order (if `require_think`); or when the response contains CJK characters. An invalid
-  response whose action tags parsed still sends that action (the think/CJK checks only mark it invalid);
-  otherwise the env gets the last INVALID_TAIL_CHARS characters of the response.
+  response whose block parsed still sends that action (the think/CJK checks only mark it invalid); otherwise
+  the env gets the last INVALID_TAIL_CHARS characters of the response.
   """
+  if not tags:
+    raise ValueError("parse_action needs at least one answer tag, got tags=()")
   text = response.lower()
   tail = text[-INVALID_TAIL_CHARS:]
-  start = text.find("<action>")
-  end = text.find("</action>", start + len("<action>")) if start >= 0 else -1
-  if start < 0 or end < 0:
+  blocks = []  # (start of the opening tag, tag, content) of each tag's first complete block
+  for tag in tags:
+    start = text.find(f"<{tag}>")
+    end = text.find(f"</{tag}>", start + len(tag) + 2) if start >= 0 else -1
+    if start >= 0 and end >= 0:
+      blocks.append((start, tag, text[start + len(tag) + 2:end]))
+  if not blocks:
     return ParsedAction(tail, False, "no_action_tags")
-  action = text[start + len("<action>"):end].strip()
-  if "<action>" in action:
+  _, tag, content = min(blocks)
+  content = content.strip()
+  if any(f"<{t}>" in content for t in tags):
     return ParsedAction(tail, False, "nested_tags")
-  if not action:
+  if not content:
     return ParsedAction(tail, False, "empty")
+  action = content if len(tags) == 1 else f"<{tag}>{content}</{tag}>"
   if require_think:
     think_open, think_close = text.find("<think>"), text.find("</think>")
     if think_open < 0 or think_close < think_open:
@@ -55,6 +69,22 @@ def parse_action(response: str, require_think: bool = True) -> ParsedAction:
   if contains_cjk(text):
     return ParsedAction(action, False, "cjk")
   return ParsedAction(action, True)
+
+
+# Reasons of a response from which no action could be read (the env then gets the response's tail).
+UNPARSED_REASONS = ("no_action_tags", "nested_tags", "empty")
+
+
+def restrict(parsed: ParsedAction, canonical: Callable[[str], str | None]) -> ParsedAction:
+  """Maps a parsed action onto an environment's fixed vocabulary: `canonical(action)` is the vocabulary entry
+  it names, or None. An action outside the vocabulary is invalid ("not_admissible") and is sent as it is; a
+  response whose tags did not parse is returned unchanged."""
+  if parsed.reason in UNPARSED_REASONS:
+    return parsed
+  word = canonical(parsed.action)
+  if word is None:
+    return ParsedAction(parsed.action, False, "not_admissible")
+  return ParsedAction(word, parsed.valid, parsed.reason)
 
 
 def one_line(text: str) -> str:
@@ -67,11 +97,15 @@ def task_line(task_description: str) -> str:
   return f"{TASK_LINE_PREFIX} {desc}"
 
 
-def turn_line(require_think: bool) -> str:
+def _tag_pairs(tags: Sequence[str]) -> str:
+  return " or ".join(f"<{t}></{t}>" for t in tags)
+
+
+def turn_line(require_think: bool, tags: Sequence[str] = ACTION_TAGS) -> str:
   if require_think:
     return (f"{TURN_LINE_PREFIX}: reason briefly inside <think></think>, then give exactly one action "
-            "inside <action></action>.")
-  return f"{TURN_LINE_PREFIX}: give exactly one action inside <action></action> (you may think first "\
+            f"inside {_tag_pairs(tags)}.")
+  return f"{TURN_LINE_PREFIX}: give exactly one action inside {_tag_pairs(tags)} (you may think first "\
          "inside <think></think>)."
 
 
@@ -84,12 +118,13 @@ def _clip(text: str, max_chars: int) -> str:
 
 def render_step_prompt(*, intro: str, task_description: str, history: Sequence[tuple[str, str]],
                        observation: str, choices: Sequence[str], history_length: int, require_think: bool,
-                       history_obs_chars: int = 0) -> str:
+                       history_obs_chars: int = 0, tags: Sequence[str] = ACTION_TAGS) -> str:
   """The user message for one step.
 
   `history` is the whole episode so far as (observation, action) pairs; only the last `history_length`
   are shown (with their absolute step numbers), each past observation clipped to `history_obs_chars`
-  characters (0 = no limit). `choices` are ready-made lines that describe the admissible actions.
+  characters (0 = no limit). `choices` are ready-made lines that describe the admissible actions; `tags`
+  are the answer tags the turn line asks for (as `parse_action` reads them).
   """
   if history_length < 0:
     raise ValueError(f"history_length must be >= 0, got {history_length}")
@@ -104,5 +139,5 @@ def render_step_prompt(*, intro: str, task_description: str, history: Sequence[t
   lines.append(f"Step {len(history) + 1} observation (now):")
   lines.append(observation.strip())
   lines.extend(choices)
-  lines.append(turn_line(require_think))
+  lines.append(turn_line(require_think, tags))
   return "\n".join(lines)

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from seed_jax.envs import base
+from seed_jax.envs import base, prompting
 from seed_jax.envs.retriever import Passage, RetrieverClient
 
 NAME = "search"
@@ -34,8 +34,8 @@ def default_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   cfg.max_steps = 4  # turns per episode; the env ends an unanswered episode there (info["truncated"])
   cfg.history_length = 4  # past (observation, action) pairs shown in the prompt
+  cfg.history_obs_chars = 0  # past observations (retrieved passages) are clipped to this many characters (0 = none)
   cfg.success_reward = 10.0  # env reward for an exact-match answer (the other text envs also give 10)
-  cfg.c_inv = 0.01  # SEED's invalid-action penalty for Search (read by the pipeline, not by the env)
   cfg.require_think = False  # whether a response without <think>...</think> is invalid (Search-R1 does not)
   cfg.retriever_url = "http://127.0.0.1:8000/retrieve"  # Search-R1 style POST endpoint
   cfg.topk = 3  # passages appended per search
@@ -43,6 +43,9 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.retries = 2  # extra attempts after a connection error or a 5xx reply
   cfg.backoff_s = 0.5  # first retry delay; doubles each attempt
   cfg.health_check = True  # probe the retriever once per process when an env is made
+  cfg.step_timeout_s = 60.0  # pool deadline of one step: above a search's worst case with its retries
+  cfg.reset_timeout_s = 30.0  # pool deadline of one reset
+  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start (and pass the health check)
   # Question sources per split, comma-separated: paths to .jsonl/.parquet files or tfds:NAME[/CONFIG]:SPLIT.
   cfg.train_files = ""
   cfg.test_files = ""
@@ -79,33 +82,26 @@ def format_passages(passages: Sequence[Passage]) -> str:
 
 # ------------------------------------------------------------------------------------------ actions
 
+# Search-QA answers with one of these tags instead of <action>; the action sent is the whole block.
+TAGS = ("search", "answer")
 _BLOCK_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
 _OPEN_RE = re.compile(r"<(search|answer)>", re.IGNORECASE)
-_THINK_RE = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
 
 
 def _first_block(text: str) -> tuple[str, str] | None:
-  """(kind, stripped content) of the earliest complete <search>/<answer> block."""
+  """(kind, stripped content) of the earliest complete <search>/<answer> block of an action the env got."""
   m = _BLOCK_RE.search(text)
   return (m.group(1).lower(), m.group(2).strip()) if m else None
 
 
 def parse_search_action(response: str, require_think: bool = False) -> base.ParsedAction:
-  """Valid iff the response holds exactly one <search> or <answer> tag, closed, non-empty (and a think
-  block when required). The env is sent the earliest complete block in canonical form, as in verl-agent's
-  search_projection, even when the response is invalid; with no complete block, the last 30 characters."""
-  block = _first_block(response)
-  opens = [m.group(1).lower() for m in _OPEN_RE.finditer(response)]
-  if block is None:
-    return base.ParsedAction(response[-30:], False, "no_action_tags")
-  action = f"<{block[0]}>{block[1]}</{block[0]}>"
-  if len(opens) > 1:
-    return base.ParsedAction(action, False, "multiple_actions")
-  if not block[1]:
-    return base.ParsedAction(action, False, "empty")
-  if require_think and not _THINK_RE.search(response):
-    return base.ParsedAction(action, False, "no_think_tags")
-  return base.ParsedAction(action, True)
+  """The shared parse over the <search>/<answer> tags, sending `<search>q</search>` or `<answer>a</answer>`.
+  Also invalid ("multiple_actions") when the response opens more than one such tag, as in verl-agent's
+  search_projection; the earliest block is still sent."""
+  parsed = prompting.parse_action(response, require_think, TAGS)
+  if parsed.valid and len(_OPEN_RE.findall(response)) > 1:
+    return base.ParsedAction(parsed.action, False, "multiple_actions")
+  return parsed
 
 
 # ------------------------------------------------------------------------------------------ env
@@ -306,26 +302,20 @@ def make_client(cfg: ml_collections.ConfigDict) -> RetrieverClient:
   return client
 
 
+INTRO = "You are an expert agent answering a question step by step, with a search engine at hand."
+CHOICES = ["Take exactly one action:",
+           "(1) if you lack knowledge, search with <search> your query </search>; the search engine's results "
+           "come back in <information> </information>;",
+           "(2) if you can answer confidently, give only the final answer in <answer> </answer>, e.g. "
+           "<answer>Beijing</answer>."]
+
+
 def render_search_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                          cfg: ml_collections.ConfigDict) -> str:
-  lines = ["You are an expert agent answering a question step by step, with a search engine at hand.",
-           f"{base.TASK_LINE_PREFIX} answer the question: {task_description}"]
-  past = list(history)[-cfg.history_length:] if cfg.history_length > 0 else []
-  if past:
-    lines.append(f"So far you have taken {len(history)} step(s). Your past search queries are in <search> </search> "
-                 "and the search engine's results in <information> </information>:")
-    for o, a in past:
-      if o != task_description:  # the first observation is the question itself, already stated above
-        lines.append(o)
-      lines.append(a)
-  if obs.text != task_description:
-    lines.append(obs.text)
-  lines += ["First reason inside <think> </think>. Then take exactly one action:",
-            "(1) if you lack knowledge, search with <search> your query </search>;",
-            "(2) if you can answer confidently, give only the final answer in <answer> </answer>, "
-            "e.g. <answer>Beijing</answer>.",
-            f"{base.TURN_LINE_PREFIX} to respond with one <search> </search> or one <answer> </answer>."]
-  return "\n".join(lines)
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=f"answer the question: {task_description}", history=history,
+      observation=obs.text, choices=CHOICES, history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars, tags=TAGS)
 
 
 class SearchFamily:

@@ -21,7 +21,7 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
-from seed_jax.envs import base
+from seed_jax.envs import base, prompting
 
 NAME = "sokoban"
 ACTIONS = ("up", "down", "left", "right")
@@ -46,9 +46,9 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.box_on_target_reward = 1.0  # gym-sokoban reward_box_on_target
   cfg.box_off_target_penalty = -1.0  # gym-sokoban penalty_box_off_target
   cfg.finish_reward = 10.0  # gym-sokoban reward_finished
-  cfg.c_inv = 0.1  # SEED's invalid-action penalty (read by the pipeline, not by the env)
   cfg.require_think = True  # a response without <think>...</think> is invalid
   cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's Sokoban setting uses none)
+  cfg.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
   cfg.observation = "text"  # "text": the grid goes in the prompt; "image": an <image> placeholder does
   cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
   cfg.tile_px = 16  # pixels per cell of the RGB observation
@@ -57,6 +57,9 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.num_test_tasks = 128
   cfg.train_seed_offset = 0
   cfg.test_seed_offset = 1_000_000
+  cfg.step_timeout_s = 10.0  # pool deadline of one step
+  cfg.reset_timeout_s = 60.0  # pool deadline of one reset (level generation) or gold path (BFS solver)
+  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start
   return cfg
 
 
@@ -356,54 +359,31 @@ class SokobanEnv:
 
 # ------------------------------------------------------------------------------------------ prompts and actions
 
-# Private stand-in for the shared <think>/<action> parser (seed_jax.envs.prompting); replace it with that once
-# it lands. SEED's rule: lower-case, take the text between the first <action> and </action>; invalid when the
-# tags (or, if required, the think tags) are missing or the text has CJK characters; an invalid output is sent
-# to the env as its last 30 characters.
-_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+INTRO = ("You are an expert Sokoban player.\n"
+         "Rules: each move goes up, down, left or right by one cell. Walking into a box pushes it one cell if the "
+         "cell behind it is free; you cannot pull boxes, push two boxes at once, or walk through walls. Do not push "
+         "a box into a corner or along a wall where it can no longer reach a target.")
 
 
-def _action_text(response: str, require_think: bool) -> tuple[str | None, str]:
-  low = response.lower()
-  start, end = low.find("<action>"), low.find("</action>")
-  if start == -1 or end == -1 or end < start:
-    return None, "no_action_tags"
-  if require_think and (low.find("<think>") == -1 or low.find("</think>") == -1):
-    return None, "no_think_tags"
-  if _CJK_RE.search(response):
-    return None, "cjk"
-  text = low[start + len("<action>"):end].strip()
-  return (text, "") if text else (None, "empty")
+def _direction(text: str) -> str | None:
+  """The one direction an action text names ("up", "move up."), else None."""
+  words = set(re.findall(r"[a-z]+", text)) & set(ACTIONS)
+  return words.pop() if len(words) == 1 else None
 
 
 def parse_sokoban_action(response: str, require_think: bool = True) -> base.ParsedAction:
-  """Valid iff the action text names exactly one of up/down/left/right (e.g. "up" or "move up")."""
-  text, reason = _action_text(response, require_think)
-  if text is None:
-    return base.ParsedAction(response[-30:], False, reason)
-  words = set(re.findall(r"[a-z]+", text)) & set(ACTIONS)
-  if len(words) != 1:
-    return base.ParsedAction(response[-30:], False, "not_admissible")
-  return base.ParsedAction(words.pop(), True)
+  """The shared parse, then valid only if the action names exactly one of up/down/left/right."""
+  return prompting.restrict(prompting.parse_action(response, require_think), _direction)
 
 
 def render_sokoban_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                           cfg: ml_collections.ConfigDict) -> str:
-  lines = ["You are an expert Sokoban player.",
-           f"{base.TASK_LINE_PREFIX} {task_description}",
-           f"Symbols: {LEGEND}.",
-           "Rules: each move goes up, down, left or right by one cell. Walking into a box pushes it one cell if the "
-           "cell behind it is free; you cannot pull boxes, push two boxes at once, or walk through walls. Do not "
-           "push a box into a corner or along a wall where it can no longer reach a target."]
-  past = list(history)[-cfg.history_length:] if cfg.history_length > 0 else []
-  for k, (o, a) in enumerate(past, len(history) - len(past) + 1):
-    lines += [f"Step {k} observation:", o, f"Step {k} action: {a}"]
-  lines += ["Current observation:", "<image>" if cfg.observation == "image" else obs.text,
-            f"Your admissible actions are {list(ACTIONS)}.",
-            "First reason step by step inside <think> </think>: where are you, the boxes and the targets, and which "
-            "push brings a box closer to a target. Then give exactly one admissible action inside <action> </action>.",
-            f"{base.TURN_LINE_PREFIX} to move: reply <think> ... </think><action> up, down, left or right </action>."]
-  return "\n".join(lines)
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history,
+      observation="<image>" if cfg.observation == "image" else obs.text,
+      choices=[f"Symbols: {LEGEND}.", f"Your admissible actions: {', '.join(ACTIONS)}"],
+      history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars)
 
 
 def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from seed_jax.envs import base, webshop_data, webshop_reward, webshop_search
+from seed_jax.envs import base, prompting, webshop_data, webshop_reward, webshop_search
 
 NAME = "webshop"
 SPLITS = ("test", "train")
@@ -59,8 +59,15 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.max_steps = 15
   # Number of past (observation, action) pairs shown in each step prompt (SEED paper: 2).
   cfg.history_length = 2
+  # Past observations (pages) in the prompt are clipped to this many characters (0 = no limit).
+  cfg.history_obs_chars = 0
   # An answer without <think>...</think> is an invalid action.
   cfg.require_think = True
+  # Pool deadlines: one step (a search); one reset; a fresh worker loading the catalog and building the
+  # search index (seconds for the 1000-product file, minutes for the full catalog).
+  cfg.step_timeout_s = 30.0
+  cfg.reset_timeout_s = 60.0
+  cfg.start_timeout_s = 600.0
   return cfg
 
 
@@ -281,38 +288,7 @@ class WebShopEnv:
                             {"raw": raw, "page": self._s.page})
 
 
-# ---- Prompt rendering and action parsing: minimal private versions, to be replaced by the shared helpers
-# ---- in seed_jax/envs/prompting.py once they land.
-_CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                   history_length: int) -> str:
-  lines = ["You are an expert autonomous agent operating in the WebShop e-commerce environment.",
-           f"{base.TASK_LINE_PREFIX} {task_description}"]
-  recent = list(history)[-history_length:] if history_length > 0 else []
-  if recent:
-    lines.append(f"Your most recent {len(recent)} observations and actions:")
-    lines += [f"[Observation: {o}, Action: {a!r}]" for o, a in recent]
-  lines.append(f"Your current observation is: {obs.text}")
-  lines.append("Your admissible actions of the current situation are:\n[\n"
-               + "\n".join(f"'{a}'," for a in obs.admissible or []) + "\n].")
-  lines.append(f"{base.TURN_LINE_PREFIX} to act: reason step by step inside <think> </think>, then give one "
-               "admissible action inside <action> </action>.")
-  return "\n".join(lines)
-
-
-def _parse_action(response: str, require_think: bool) -> base.ParsedAction:
-  text = response.lower()
-  start, end = text.find("<action>"), text.find("</action>")
-  if start < 0 or end < 0:
-    return base.ParsedAction(text[-30:], False, "no_action_tags")
-  action = text[start + len("<action>"):end].strip()
-  if require_think and ("<think>" not in text or "</think>" not in text):
-    return base.ParsedAction(action, False, "no_think_tags")
-  if _CJK.search(response):
-    return base.ParsedAction(action, False, "cjk")
-  return base.ParsedAction(action, bool(action), "" if action else "empty")
+INTRO = "You are an expert autonomous agent operating in the WebShop e-commerce environment."
 
 
 class _WebShop:
@@ -326,10 +302,16 @@ class _WebShop:
 
   def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                     cfg: Any) -> str:
-    return _render_prompt(task_description, history, obs, cfg.history_length)
+    # One action per line: clickables (option values, titles) may hold commas.
+    choices = ["Your admissible actions, one per line:", *(obs.admissible or [])]
+    return prompting.render_step_prompt(
+        intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
+        history_length=cfg.history_length, require_think=cfg.require_think,
+        history_obs_chars=cfg.history_obs_chars)
 
   def parse_action(self, response: str, cfg: Any) -> base.ParsedAction:
-    return _parse_action(response, cfg.require_think)
+    # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.
+    return prompting.parse_action(response, cfg.require_think)
 
 
 FAMILY = _WebShop()

@@ -1,0 +1,81 @@
+"""Every environment config in configs/: both variants load, validate, name a registered env whose splits
+exist, and the "paper" variants carry SEED's settings (SEED_ALGORITHM.md §3, §5)."""
+import importlib
+import pathlib
+
+import pytest
+
+from seed_jax import config as config_lib
+from seed_jax.envs import _MODULES, get_family
+
+REPO = pathlib.Path(__file__).parent.parent
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate"))
+# env -> (tasks per update B, group size G, max_steps, history_length) of the paper variant
+PAPER = {
+    "alfworld": (16, 8, 30, 5),
+    "webshop": (16, 8, 15, 2),
+    "search": (128, 8, 4, 4),
+    "sokoban": (32, 8, 15, 0),
+    "ezpoints": (16, 8, 8, 0),
+    "sciworld": (16, 8, 30, 5),
+    "textworld_express": (16, 8, 30, 5),
+}
+SEED_TABLE = ("alfworld", "webshop", "search", "sokoban", "ezpoints", "sciworld")  # SEED's model-side settings too
+# env -> (invalid_penalty, kl_coef, entropy_coef, norm_mode), in both variants
+LOSS = {name: (0.1, 0.01, 0.001, "mean_std_norm") for name in PAPER}
+LOSS["search"] = (0.01, 0.001, 0.0, "mean_std_norm")
+LOSS["webshop"] = (0.1, 0.01, 0.001, "mean_norm")
+
+
+def test_every_registered_env_has_a_config():
+  assert ENV_CONFIGS == sorted(_MODULES) == sorted(PAPER)
+
+
+def _with_data(cfg, tmp_path):
+  """Points the data fields of the envs that need user data at small local data."""
+  name = cfg.env.name
+  if name == "alfworld":  # empty split folders: the panel is empty but the split names are checked
+    for split in ("train", "valid_seen", "valid_unseen"):
+      (tmp_path / "json_2.1.1" / split).mkdir(parents=True, exist_ok=True)
+    cfg.env.data_dir = str(tmp_path)
+  elif name == "webshop":
+    cfg.env.data_dir, cfg.env.num_test_goals = str(FIXTURES / "webshop"), 2  # 3 goals: 2 test, 1 train
+  elif name == "search":
+    cfg.env.train_files = cfg.env.test_files = str(FIXTURES / "search" / "questions.jsonl")
+  return cfg
+
+
+@pytest.mark.parametrize("name", ENV_CONFIGS)
+@pytest.mark.parametrize("variant", ["", "paper"])
+def test_config_loads_validates_and_names_real_splits(name, variant, tmp_path):
+  module = importlib.import_module(f"configs.{name}")
+  cfg = module.get_config(variant)
+  if variant == "paper":
+    assert cfg.model.path == ""  # the paper's checkpoint must be given on the command line
+    cfg.model.path = "embedded"
+    assert (cfg.rollout.tasks_per_update, cfg.rollout.group_size, cfg.env.max_steps,
+            cfg.env.history_length) == PAPER[name]
+    if name in SEED_TABLE:
+      assert (cfg.model.max_prompt_tokens, cfg.learner.minibatch_size, cfg.sampler.dtype) == (4096, 256, "bfloat16")
+  else:
+    assert cfg.model.path == "embedded"
+    assert (cfg.rollout.tasks_per_update, cfg.rollout.group_size, cfg.train.num_updates) == (2, 2, 2)
+  config_lib.validate(cfg)
+  obj = cfg.objectives
+  assert (obj.invalid_penalty, obj.kl_coef, obj.entropy_coef, obj.norm_mode) == LOSS[name]
+  assert cfg.env.name == name and get_family(name).name == name
+  for field in ("train_split", "step_timeout_s", "reset_timeout_s", "start_timeout_s", "require_think"):
+    assert field in cfg.env, field  # read by the pipeline, the pool and the prompts
+  family = get_family(name)
+  _with_data(cfg, tmp_path)
+  for split in [cfg.env.train_split] + cfg.eval.split.split(","):
+    tasks = family.tasks(cfg.env, split)
+    assert name == "alfworld" or tasks, split
+  with pytest.raises(ValueError, match="variant"):
+    module.get_config("huge")
+
+
+def test_search_stops_generation_after_its_answer_tags():
+  from configs import search
+  assert search.get_config("").rollout.stop_strings == ("</search>", "</answer>")
