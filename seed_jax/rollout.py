@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import ml_collections
 
 from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
 from seed_jax.models.tokenizer import Tokenizer
@@ -29,14 +30,19 @@ class _Episode:
 
 def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_description: str,
                history: Sequence[tuple[str, str]], obs: Observation, max_tokens: int) -> tuple[str, list[int], bool] | None:
-  """The step prompt (text, chat-templated ids) with the last `history_length` pairs, dropping the oldest pairs
-  while it exceeds `max_tokens`. Returns (text, ids, truncated) or None if even no history does not fit."""
-  pairs = list(history[-env_cfg.history_length:]) if env_cfg.history_length > 0 else []
-  for drop in range(len(pairs) + 1):
-    text = family.render_prompt(task_description, pairs[drop:], obs, env_cfg)
+  """The step prompt (text, chat-templated ids) showing the last `history_length` pairs of the whole episode
+  `history`, showing fewer (oldest dropped first) while it exceeds `max_tokens`.
+  Returns (text, ids, truncated) or None if even no history fits."""
+  shown = min(env_cfg.history_length, len(history))
+  for window in range(shown, -1, -1):
+    cfg = env_cfg
+    if window != env_cfg.history_length:
+      cfg = ml_collections.ConfigDict(env_cfg.to_dict())
+      cfg.history_length = window
+    text = family.render_prompt(task_description, history, obs, cfg)
     ids = tokenizer.encode_chat(text)
     if len(ids) <= max_tokens:
-      return text, ids, drop > 0
+      return text, ids, window < shown
   return None
 
 

@@ -78,12 +78,12 @@ def _check(trajs, tok, cfg, env_truncates: bool, task_line=lambda desc: f"{TASK_
       task_lines = [line for line in lines if line.startswith(TASK_LINE_PREFIX)]
       assert task_lines == [task_line(traj.task_description)]
       assert lines[-1].startswith(TURN_LINE_PREFIX)
-      # The loop hands the renderer only the history window, so steps are numbered within it.
+      # The renderer sees the whole episode: the last history_length steps keep their absolute numbers.
       window = min(k, cfg.history_length)
-      assert f"Step {window + 1} observation (now):" in step.prompt_text
-      for i, past in enumerate(traj.steps[k - window:k], start=1):
+      assert f"Step {k + 1} observation (now):" in step.prompt_text
+      for i, past in enumerate(traj.steps[k - window:k], start=k - window + 1):
         assert f"Step {i} action: {past.action}\n" in step.prompt_text
-      assert f"Step {window + 1} action: " not in step.prompt_text
+      assert f"Step {k - window} action: " not in step.prompt_text and f"Step {k + 1} action: " not in step.prompt_text
   # The G envs of one task reset to the same state, so their first prompts are identical.
   for a, b in zip(trajs[::G], trajs[1::G]):
     assert a.steps[0].prompt_text == b.steps[0].prompt_text
