@@ -3,7 +3,7 @@
 Variants: "" = CPU-sized (coin, 2 rooms); "paper" = SEED's batch/group sizes and update settings.
 """
 from configs import base
-from configs.sciworld import cpu_default
+from configs.sciworld import cpu_default, paper_default
 from seed_jax.envs import textworld_express
 
 
@@ -16,7 +16,7 @@ def get_config(variant: str = ""):
   if variant == "":
     cpu_default(c)
   elif variant == "paper":
-    c.model.path = ""  # required: --config.model.path=...
+    paper_default(c)
     c.env.max_steps, c.env.history_length = 30, 5
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/textworld_express.py; known: '', 'paper'")

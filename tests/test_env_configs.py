@@ -21,7 +21,7 @@ PAPER = {
     "sciworld": (16, 8, 30, 5),
     "textworld_express": (16, 8, 30, 5),
 }
-SEED_TABLE = ("alfworld", "webshop", "search", "sokoban", "ezpoints", "sciworld")  # SEED's model-side settings too
+SEED_TABLE = tuple(PAPER)  # every paper variant carries SEED's model-side settings
 # env -> (invalid_penalty, kl_coef, entropy_coef, norm_mode), in both variants
 LOSS = {name: (0.1, 0.01, 0.001, "mean_std_norm") for name in PAPER}
 LOSS["search"] = (0.01, 0.001, 0.0, "mean_std_norm")
