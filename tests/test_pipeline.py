@@ -207,3 +207,16 @@ def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
   assert m["rollout/episodes"] == 2 and m["rollout/env_errors"] == 0 and m["rollout/episode_length"] == 2
   assert 0.0 <= m["analysis/parse_rate"] <= 1.0 and m["update/optimizer_steps"] == 1
   assert os.path.exists(os.path.join(str(tmp_path), "dumps", "skills_step000000.jsonl"))
+
+
+def test_non_finite_loss_skips_the_update_and_counts_it():
+  spec, params, mb = _tiny_batch()
+  opt = update_lib.make_optimizer(update_lib.default_config())
+  fn = update_lib.make_update_fn(spec, objectives.SeedLossConfig(), opt, micro_batch_size=2, chunk=4, remat=False)
+  state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
+  bad = mb.replace(ref_logp_BR=mb.ref_logp_BR.at[0, 0].set(jnp.nan))
+  new, metrics = fn(state, bad, jnp.float32(1.0))
+  assert int(new.skipped) == 1 and int(new.step) == 0 and float(metrics["update_skipped"]) == 1.0
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), new.params, params)
+  good, _ = fn(new, mb, jnp.float32(1.0))
+  assert int(good.step) == 1 and int(good.skipped) == 1
