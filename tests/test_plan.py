@@ -16,6 +16,7 @@ from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
+from tests.scale_helpers import numpy_params, random_minibatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = ModelSpec("Qwen2ForCausalLM", vocab_size=512, dim=64, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=16,
@@ -43,7 +44,7 @@ def test_known_models_have_their_published_sizes():
 @pytest.mark.parametrize("shape", [(1, 8, 1), (1, 2, 4)])
 def test_planned_weight_and_optimizer_bytes_equal_the_real_shards(shape):
   mesh = make_mesh(shape)
-  params = tf.init_params(SPEC, 0)
+  params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
   state = update.init_state(params, update.make_optimizer(update.default_config()))
   planned = plan.plan(SPEC, dict(mesh.shape), _workload(remat=True))["items"]
@@ -60,27 +61,16 @@ def _workload(remat: bool, micro=16, Pn=128, R=64) -> plan.Workload:
                        vocab_chunk=16, remat=remat, reference_on_device=False)
 
 
-def _minibatch(M, Pn, R):
-  rng = np.random.default_rng(0)
-  mask = np.arange(R)[None] < rng.integers(1, R + 1, M)[:, None]
-  logp = lambda: (-5 * mask).astype(np.float32)
-  return update.MiniBatch(
-      prompt_BP=rng.integers(0, 512, (M, Pn)).astype(np.int32), pvalid_BP=np.ones((M, Pn), bool),
-      resp_BR=rng.integers(0, 512, (M, R)).astype(np.int32), rmask_BR=mask, old_logp_BR=logp(),
-      adv_B=rng.normal(size=M).astype(np.float32), ref_logp_BR=logp(), skill_logp_BR=logp(),
-      opd_mask_B=np.ones(M, bool))
-
-
 @pytest.mark.parametrize("remat", [True, False])
 def test_planned_update_temporaries_match_xla(remat):
   mesh = make_mesh((1, 8, 1))
-  params = tf.init_params(SPEC, 0)
+  params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
   opt = update.make_optimizer(update.default_config())
   w = _workload(remat)
   fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=w.micro_rows,
                              chunk=w.vocab_chunk, remat=remat, state_shardings=update.state_shardings(params, opt))
-  batch = distributed.global_batch(_minibatch(2 * w.micro_rows, w.prompt, w.response), mesh)
+  batch = distributed.global_batch(random_minibatch(2 * w.micro_rows, w.prompt, w.response, SPEC.vocab_size), mesh)
   with jax.set_mesh(mesh):
     measured = fn.lower(update.init_state(params, opt), batch, jnp.float32(1.0)).compile().memory_analysis()
   out = plan.plan(SPEC, dict(mesh.shape), w)

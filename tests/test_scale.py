@@ -12,6 +12,7 @@ from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra.mesh import RULES, logical_to_spec, make_mesh, mesh_from_config, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
+from tests.scale_helpers import numpy_params, random_minibatch
 
 # 8 heads and 4 KV heads divide a tensor axis of 4; dim 64 and vocab 256 divide an fsdp axis of 8.
 SPEC = ModelSpec("Qwen3ForCausalLM", vocab_size=256, dim=64, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=16,
@@ -27,17 +28,8 @@ def _optimizer():
   return update.make_optimizer(cfg)
 
 
-def _minibatch(M=16, Pn=16, R=8, seed=0) -> update.MiniBatch:
-  rng = np.random.default_rng(seed)
-  pvalid = np.arange(Pn)[None] >= rng.integers(1, Pn, M)[:, None]
-  rmask = np.arange(R)[None] < rng.integers(1, R + 1, M)[:, None]
-  rmask[-2:] = False  # two padding rows
-  logp = lambda: ((-5 + 0.1 * rng.normal(size=(M, R))) * rmask).astype(np.float32)
-  return update.MiniBatch(
-      prompt_BP=rng.integers(0, 256, (M, Pn)).astype(np.int32), pvalid_BP=pvalid,
-      resp_BR=rng.integers(0, 256, (M, R)).astype(np.int32), rmask_BR=rmask, old_logp_BR=logp(),
-      adv_B=rng.normal(size=M).astype(np.float32), ref_logp_BR=logp(), skill_logp_BR=logp(),
-      opd_mask_B=rng.random(M) < 0.5)
+def _minibatch() -> update.MiniBatch:
+  return random_minibatch(16, 16, 8, SPEC.vocab_size)
 
 
 def _update_fn(shardings=None):
@@ -47,10 +39,10 @@ def _update_fn(shardings=None):
 
 @pytest.fixture(scope="module")
 def single_device_step():
-  params = tf.init_params(SPEC, 0)
+  params = numpy_params(SPEC)
   state = update.init_state(jax.device_put(params, jax.devices()[0]), _optimizer())
   new, metrics = _update_fn()(state, jax.tree.map(jnp.asarray, _minibatch()), jnp.float32(1.0))
-  return tf.init_params(SPEC, 0), jax.device_get(new.params), jax.device_get(metrics)
+  return params, jax.device_get(new.params), jax.device_get(metrics)
 
 
 @pytest.mark.parametrize("shape", MESHES)
@@ -58,7 +50,7 @@ def test_sharded_update_equals_single_device(shape, single_device_step):
   params0, want_params, want = single_device_step
   mesh = make_mesh(shape)
   shardings = sharding_tree(tf.param_axes(SPEC), params0, mesh)
-  params = jax.device_put(jax.tree.map(np.asarray, params0), shardings)
+  params = jax.device_put(params0, shardings)
   state = update.init_state(params, _optimizer())
   state_shardings = update.state_shardings(params, _optimizer())
   with jax.set_mesh(mesh):
@@ -77,7 +69,8 @@ def test_sharded_update_equals_single_device(shape, single_device_step):
 
 def test_optimizer_state_mirrors_param_shardings():
   mesh = make_mesh((1, 2, 4))
-  params = jax.device_put(tf.init_params(SPEC, 0), sharding_tree(tf.param_axes(SPEC), tf.init_params(SPEC, 0), mesh))
+  params = numpy_params(SPEC)
+  params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
   state = update.init_state(params, _optimizer())
   by_path = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
   mirrored = 0
@@ -163,7 +156,7 @@ def test_multi_slice_shapes():
 
 def test_reference_params_in_host_memory_give_identical_logits():
   mesh = make_mesh((2, 4, 1))
-  params = tf.init_params(SPEC, 3)
+  params = numpy_params(SPEC, 3)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
   on_host = mesh_lib.with_memory_kind(params, "pinned_host")
   assert {x.sharding.memory_kind for x in jax.tree.leaves(on_host)} == {"pinned_host"}

@@ -94,12 +94,13 @@ def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None,
 
   One slice: on TPU the devices are ordered by `mesh_utils.create_device_mesh` so that mesh neighbours are
   physical neighbours; elsewhere in the order given. Several slices (`dcn_shape` product > 1):
-  `create_hybrid_device_mesh`, slices being TPU slices (devices with `slice_index`) or else processes.
+  `create_hybrid_device_mesh`, slices being TPU slices (distinct `slice_index`) or else processes.
   """
   devices = list(jax.devices() if devices is None else devices)
   ici = resolve_shape(shape, len(devices), dcn_shape)
   if math.prod(dcn_shape) > 1:
-    granule_is_process = not hasattr(devices[0], "slice_index")
+    # TPU multi-slice devices carry distinct slice indices; elsewhere each process is one slice.
+    granule_is_process = len({getattr(d, "slice_index", 0) for d in devices}) == 1
     granules = {d.process_index if granule_is_process else d.slice_index for d in devices}
     if len(granules) != math.prod(dcn_shape):
       raise ValueError(f"mesh.dcn_shape {list(dcn_shape)} asks for {math.prod(dcn_shape)} slices but the devices form "
