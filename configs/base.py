@@ -5,7 +5,7 @@ import os
 import ml_collections
 
 from seed_jax import objectives, skills, update
-from seed_jax.infra import checkpoint, mesh, metrics
+from seed_jax.infra import checkpoint, distributed, mesh, metrics
 
 
 def get_base() -> ml_collections.ConfigDict:
@@ -49,6 +49,7 @@ def get_base() -> ml_collections.ConfigDict:
   # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set
   # --config.mesh.shape / --config.mesh.dcn_shape by hand; a preset's fields win over hand-set ones.
   c.mesh = mesh.default_config()
+  c.distributed = distributed.default_config()  # multi-process start-up (TPU pods detect themselves)
 
   c.train = ml_collections.ConfigDict()
   c.train.num_updates = 150

@@ -246,11 +246,11 @@ def format_table(spec: ModelSpec, mesh: dict[str, int], n_devices: int, w: Workl
            f"shapes: rollout {w.sample_rows} rows x ({w.sample_prompt}+{w.sample_new}); analysis {w.analysis_rows} rows "
            f"x ({w.analysis_prompt}+{w.analysis_new}); rescore {w.rescore_rows} rows; update micro-batch "
            f"{w.micro_rows} rows x ({w.prompt}+{w.response}), remat={w.remat}",
-           f"{'per device':28s}{'GiB':>9s}"]
-  lines += [f"  {k:26s}{g(v)}" for k, v in out["items"].items()]
-  lines += ["peak by phase"] + [f"  {k:26s}{g(v)}" for k, v in out["phases"].items()]
+           f"{'per device':31s}{'GiB':>9s}"]
+  lines += [f"  {k:29s}{g(v)}" for k, v in out["items"].items()]
+  lines += ["peak by phase"] + [f"  {k:29s}{g(v)}" for k, v in out["phases"].items()]
   fit = "" if out["fits"] is None else f"  ({'fits' if out['fits'] else 'DOES NOT FIT'} in {out['device_memory'] / GiB:.1f} GiB)"
-  lines.append(f"  {'peak':26s}{g(out['peak'])}{fit}")
+  lines.append(f"  {'peak':29s}{g(out['peak'])}{fit}")
   lines += [f"note: {n}" for n in out["notes"]]
   return "\n".join(lines)
 

@@ -97,3 +97,34 @@ def test_host_slice_is_a_deterministic_partition():
   assert host_slice(tasks, 0, 1) == tasks
   with pytest.raises(ValueError, match="need 0 <= process_index < process_count, got 3 of 3"):
     host_slice(tasks, 3, 3)
+
+
+def test_initialize_stays_single_process_without_a_cluster(monkeypatch):
+  from seed_jax.infra import distributed
+  for var in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
+              "OMPI_COMM_WORLD_SIZE"):
+    monkeypatch.delenv(var, raising=False)
+  dc = distributed.default_config()
+  assert distributed.initialize(dc) is False  # auto, nothing configured or detected
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a one-host TPU VM is not a cluster
+  assert distributed.initialize(dc) is False
+  dc.mode = "sometimes"
+  with pytest.raises(ValueError, match="distributed.mode must be 'auto', 'on' or 'off', got 'sometimes'"):
+    distributed.initialize(dc)
+  dc.mode, dc.coordinator_address, dc.num_processes, dc.process_id = "auto", "127.0.0.1:1234", 2, 2
+  with pytest.raises(ValueError, match="got num_processes=2, process_id=2"):
+    distributed.initialize(dc)
+
+
+def test_global_batch_replicates_rows_that_do_not_divide_the_mesh():
+  import jax
+  from seed_jax.infra import distributed
+  from seed_jax.infra.mesh import make_mesh
+  mesh = make_mesh((2, 4, 1))
+  rows = np.arange(24).reshape(12, 2)
+  sharded = distributed.global_batch({"x": rows[:8]}, mesh)["x"]
+  assert sharded.addressable_shards[0].data.shape == (1, 2)  # 8 rows over data x fsdp = 8 devices
+  replicated = distributed.global_batch({"x": rows}, mesh)["x"]  # 12 rows: not divisible by 8
+  assert replicated.sharding.spec == jax.sharding.PartitionSpec()
+  np.testing.assert_array_equal(distributed.local_rows(replicated), rows)
+  np.testing.assert_array_equal(distributed.local_rows(sharded), rows[:8])

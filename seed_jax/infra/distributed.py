@@ -8,6 +8,7 @@ split deterministically (`host_slice`), and only process 0 writes logs, dumps an
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any, Sequence, TypeVar
 
@@ -87,8 +88,14 @@ def host_slice(items: Sequence[T], process_index: int, process_count: int) -> li
   return list(items[process_index::process_count])
 
 
-def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
-  """Rows (leading axis) split over every data-parallel mesh axis; the other axes whole."""
+def batch_sharding(mesh: Mesh, ndim: int = 1, rows: int | None = None) -> NamedSharding:
+  """Rows (leading axis) split over every data-parallel mesh axis, the other axes whole. With `rows` that
+  the data-parallel size does not divide, the rows are replicated instead (one process only)."""
+  dp = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  if rows is not None and rows % dp:
+    if jax.process_count() > 1:
+      raise ValueError(f"a global batch of {rows} rows does not divide over data x fsdp = {dp} devices")
+    return NamedSharding(mesh, P())
   return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
 
 
@@ -97,7 +104,8 @@ def global_batch(local: Any, mesh: Mesh) -> Any:
   rows (a pytree of numpy arrays; every process passes the same shapes). One process: a plain placement."""
   def one(x):
     x = np.asarray(x)
-    return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
+    rows = x.shape[0] * jax.process_count() if x.ndim else None
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rows), x)
   return jax.tree.map(one, local)
 
 
