@@ -83,6 +83,10 @@ def test_optimizer_state_mirrors_param_shardings():
     else:  # counters: replicated on the same mesh
       assert leaf.sharding.mesh == mesh and leaf.sharding.spec == jax.sharding.PartitionSpec(), key
   assert mirrored == 2 * len(by_path)  # AdamW's mu and nu
+  # The policy the pipeline trains is a copy of the loaded weights: the frozen reference keeps their layout.
+  policy = update.init_state(jax.tree.map(jnp.copy, params), _optimizer()).params
+  assert jax.tree.leaves(jax.tree.map(lambda x: x.sharding, policy)) == \
+      jax.tree.leaves(jax.tree.map(lambda x: x.sharding, params))
   # Fully sharded: each device holds 1/8 of wq (fsdp 2 x tensor 4), for the weights and both moments.
   wq = params["layers"]["wq"]
   assert wq.addressable_shards[0].data.size * 8 == wq.size
