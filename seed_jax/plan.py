@@ -208,10 +208,11 @@ def plan(spec: ModelSpec, mesh: dict[str, int], w: Workload, device_memory: int 
   }
   resident = items["params"] + items["optimizer"] + items["reference_params"]
   act = items["update_activations_remat" if w.remat else "update_activations_no_remat"]
+  sampling = resident + items["sampler_cast_weights"]
   phases = {
-      "rollout": resident + items["sampler_cast_weights"] + items["kv_cache_rollout"] + items["prefill_activations_rollout"],
-      "analysis": resident + items["sampler_cast_weights"] + items["kv_cache_analysis"] + items["prefill_activations_analysis"]
-                  if w.analysis_rows else 0,
+      "rollout": sampling + items["kv_cache_rollout"] + items["prefill_activations_rollout"],
+      "analysis": (sampling + items["kv_cache_analysis"] + items["prefill_activations_analysis"]
+                   if w.analysis_rows else 0),
       "rescore": resident + items["rescore_activations"],
       "update": resident + items["gradients"] + p + act,  # + p: AdamW's update tree before it is applied
   }
@@ -243,13 +244,14 @@ def format_table(spec: ModelSpec, mesh: dict[str, int], n_devices: int, w: Workl
   lines = [f"model: {spec.architecture} L={spec.n_layers} D={spec.dim} H={spec.n_heads}/{spec.n_kv_heads} "
            f"F={spec.ffn_dim} V={spec.vocab_size} tied={spec.tie_embeddings}",
            f"mesh: {mesh} on {n_devices} devices",
-           f"shapes: rollout {w.sample_rows} rows x ({w.sample_prompt}+{w.sample_new}); analysis {w.analysis_rows} rows "
-           f"x ({w.analysis_prompt}+{w.analysis_new}); rescore {w.rescore_rows} rows; update micro-batch "
-           f"{w.micro_rows} rows x ({w.prompt}+{w.response}), remat={w.remat}",
+           f"shapes: rollout {w.sample_rows} rows x ({w.sample_prompt}+{w.sample_new}); "
+           f"analysis {w.analysis_rows} rows x ({w.analysis_prompt}+{w.analysis_new}); rescore {w.rescore_rows} rows; "
+           f"update micro-batch {w.micro_rows} rows x ({w.prompt}+{w.response}), remat={w.remat}",
            f"{'per device':31s}{'GiB':>9s}"]
   lines += [f"  {k:29s}{g(v)}" for k, v in out["items"].items()]
   lines += ["peak by phase"] + [f"  {k:29s}{g(v)}" for k, v in out["phases"].items()]
-  fit = "" if out["fits"] is None else f"  ({'fits' if out['fits'] else 'DOES NOT FIT'} in {out['device_memory'] / GiB:.1f} GiB)"
+  fit = "" if out["fits"] is None else \
+      f"  ({'fits' if out['fits'] else 'DOES NOT FIT'} in {out['device_memory'] / GiB:.1f} GiB)"
   lines.append(f"  {'peak':29s}{g(out['peak'])}{fit}")
   lines += [f"note: {n}" for n in out["notes"]]
   return "\n".join(lines)

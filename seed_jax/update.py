@@ -101,9 +101,9 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   if shardings is None:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                       skipped=jnp.zeros((), jnp.int32))
-  zero = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
-  return TrainState(step=zero, params=params, opt_state=jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params),
-                    skipped=jax.device_put(jnp.zeros((), jnp.int32), shardings.skipped))
+  zero = lambda s: jax.device_put(jnp.zeros((), jnp.int32), s)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+  return TrainState(step=zero(shardings.step), params=params, opt_state=opt_state, skipped=zero(shardings.skipped))
 
 
 def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperature, *, spec: ModelSpec,

@@ -110,7 +110,8 @@ def main():
                                                                         jax.tree.leaves(init)))
   with ckpt_lib.Checkpointer(A.ckpt) as ckpt:
     ckpt.save(2, state, metadata=dict(losses=losses), force=True)
-  info = dict(losses=losses, max_param_change=change, process_index=jax.process_index(), process_count=jax.process_count(),
+  info = dict(losses=losses, max_param_change=change, process_index=jax.process_index(),
+              process_count=jax.process_count(),
               mesh=dict(mesh.shape), my_tasks=distributed.host_slice(list(range(10)), jax.process_index(),
                                                                       jax.process_count()),
               agreed=distributed.agree_max(3 * (jax.process_index() + 1), 7))

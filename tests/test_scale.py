@@ -106,7 +106,8 @@ def test_every_weight_axis_has_a_rule(arch, tie):
   axes = tf.param_axes(spec)
   names = {a for ax in jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)) for a in ax}
   assert names <= set(RULES), names - set(RULES)
-  expect = {"bq", "bk", "bv"} if arch == "Qwen2ForCausalLM" else {"q_norm", "k_norm"} if arch == "Qwen3ForCausalLM" else set()
+  expect = {"LlamaForCausalLM": set(), "Qwen2ForCausalLM": {"bq", "bk", "bv"},
+            "Qwen3ForCausalLM": {"q_norm", "k_norm"}}[arch]
   assert expect <= set(axes["layers"]) and ("lm_head" in axes) != tie
   # Activation and KV-cache names used by the model and the sampler.
   assert {"batch", "length", "cache_length", "embed", "heads", "mlp"} <= set(RULES)
