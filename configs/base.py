@@ -1,8 +1,11 @@
 """Shared defaults of every run; environment configs start from `get_base()` and override."""
+import importlib
+import os
+
 import ml_collections
 
 from seed_jax import objectives, skills, update
-from seed_jax.infra import checkpoint, metrics
+from seed_jax.infra import checkpoint, distributed, mesh, metrics
 
 
 def get_base() -> ml_collections.ConfigDict:
@@ -43,8 +46,10 @@ def get_base() -> ml_collections.ConfigDict:
   c.rescore.vocab_chunk = 128  # response positions per vocabulary-projection chunk
   c.rescore.dtype = "float32"
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+  # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set
+  # --config.mesh.shape / --config.mesh.dcn_shape by hand; a preset's fields win over hand-set ones.
+  c.mesh = mesh.default_config()
+  c.distributed = distributed.default_config()  # multi-process start-up (TPU pods detect themselves)
 
   c.train = ml_collections.ConfigDict()
   c.train.num_updates = 150
@@ -67,3 +72,16 @@ def get_base() -> ml_collections.ConfigDict:
   c.generate.max_new_tokens = 64
   c.generate.temperature = 0.0
   return c
+
+
+def mesh_presets() -> list[str]:
+  """Names of the mesh presets in configs/mesh/."""
+  folder = os.path.join(os.path.dirname(__file__), "mesh")
+  return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
+
+
+def load_mesh_preset(name: str) -> ml_collections.ConfigDict:
+  """configs/mesh/<name>.py's mesh: shape, dcn_shape and the hardware it was sized for."""
+  if name not in mesh_presets():
+    raise ValueError(f"unknown mesh preset {name!r}; known: {', '.join(mesh_presets())}")
+  return importlib.import_module(f"configs.mesh.{name}").get_mesh()

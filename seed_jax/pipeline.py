@@ -20,7 +20,8 @@ from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra import checkpoint as ckpt_lib
-from seed_jax.infra.mesh import make_mesh
+from seed_jax.infra import distributed
+from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
@@ -63,7 +64,13 @@ def effective_loss_config(cfg: ml_collections.ConfigDict) -> objectives.SeedLoss
 
 
 def build(cfg: ml_collections.ConfigDict) -> Runtime:
-  mesh = make_mesh(tuple(cfg.mesh.shape))
+  distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
+  if jax.process_count() > 1:  # [scale]
+    raise NotImplementedError(
+        f"{jax.process_count()} processes: the update, checkpoints and weight loading run multi-host, but the "
+        "sampler and re-scorer still read whole batches back on every process; run on one host until they take "
+        "process-local rows (infra/distributed.py: host_slice, global_batch, local_rows, agree_max)")
+  mesh = mesh_lib.mesh_from_config(cfg.mesh)  # [scale] presets, multi-slice, TPU device order
   spec, params = weights.load_model(cfg.model.path, mesh)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   family = get_family(cfg.env.name)
@@ -77,7 +84,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
-      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher)
+      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher,
+      state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
   n_envs = max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
   pool = EnvPool(family, cfg.env, n_envs)
   return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
@@ -159,7 +167,8 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   with timer.phase("rescore"):
     contexts = [samples.prompts] + ([samples.skill_prompts] if use_skill and cfg.learner.teacher == "old" else [])
     lp, _ = rt.rescorer.score(state.params, contexts, samples.responses, cfg.rollout.temperature)
-    ref = rt.rescorer.score(rt.init_params, [samples.prompts], samples.responses,
+    ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
+    ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
                             cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
   adv_N = objectives.compute_advantages(objectives.StepSamples.from_trajectories(good), cfg.objectives)
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
@@ -194,8 +203,8 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
       mb = batch_lib.minibatch(samples, order[start:start + per], rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
                                old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
                                with_skill_prompts=skill_prompts)
-      with jax.set_mesh(rt.mesh):
-        state, sums = rt.update_fn(state, jax.tree.map(jnp.asarray, mb), jnp.float32(cfg.rollout.temperature))
+      with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays
+        state, sums = rt.update_fn(state, distributed.global_batch(mb, rt.mesh), jnp.float32(cfg.rollout.temperature))
       for k, v in objectives.finalize_metrics(jax.device_get(sums)).items():
         sums_all[k] = sums_all.get(k, 0.0) + float(v)
       n_steps += 1
@@ -242,11 +251,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The resumable RL loop; returns the last update's metrics (and the final eval's)."""
   os.makedirs(workdir, exist_ok=True)
   rt = build(cfg)
-  is_writer = jax.process_index() == 0
+  is_writer = distributed.is_writer()  # [scale]
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
   try:
-    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer, rt.mesh)
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
+    if cfg.mesh.ref_params_memory == "pinned_host":  # [scale] the frozen KL reference waits in host RAM
+      rt.init_params = mesh_lib.with_memory_kind(rt.init_params, "pinned_host")
     start, history = 0, []
     if ckpt.latest_step() is not None:
       state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import objectives
 from seed_jax.models.spec import ModelSpec
@@ -80,15 +80,30 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
                      optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
 
 
-def init_state(params, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
-  """Optimizer moments inherit each param's sharding; with a mesh, every other leaf (step counters) is placed
-  replicated on it, so a restored state lands on the same devices as a fresh one."""
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                     skipped=jnp.zeros((), jnp.int32))
-  if mesh is None:
-    return state
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
+def state_shardings(params, optimizer: optax.GradientTransformation) -> TrainState | None:
+  """Shardings of `init_state(params, optimizer)` for params placed with NamedShardings (None otherwise):
+  every optimizer leaf that mirrors a parameter (AdamW's moments) takes that parameter's sharding, so the
+  optimizer state is as fully sharded as the weights; counters are replicated on the same mesh."""
+  shardings = jax.tree.map(lambda p: getattr(p, "sharding", None), params)
+  leaves = jax.tree.leaves(shardings)
+  if not leaves or not all(isinstance(s, NamedSharding) for s in leaves):
+    return None
+  replicated = NamedSharding(leaves[0].mesh, P())
+  opt = optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params), shardings,
+                              transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=shardings, opt_state=opt, skipped=replicated)
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  """Fresh train state holding `params` (not copied); with sharded params the optimizer state is created
+  directly on `state_shardings`."""
+  shardings = state_shardings(params, optimizer)
+  if shardings is None:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                      skipped=jnp.zeros((), jnp.int32))
+  zero = lambda s: jax.device_put(jnp.zeros((), jnp.int32), s)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+  return TrainState(step=zero(shardings.step), params=params, opt_state=opt_state, skipped=zero(shardings.skipped))
 
 
 def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperature, *, spec: ModelSpec,
@@ -115,8 +130,10 @@ def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperat
 
 def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimizer: optax.GradientTransformation,
                    *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool = True,
-                   teacher: str = "old") -> Callable:
-  """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated."""
+                   teacher: str = "old", state_shardings: TrainState | None = None) -> Callable:
+  """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated.
+  `state_shardings` (from `state_shardings(params, optimizer)`) pins the new state to exactly the input
+  layout, so the donated buffers are reused and the next call does not recompile for a respelled sharding."""
   if teacher not in ("old", "current"):
     raise ValueError(f"update.teacher must be 'old' or 'current', got {teacher!r}")
   loss_fn = jax.value_and_grad(
@@ -141,7 +158,7 @@ def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimiz
       return (jax.tree.map(jnp.add, grads, g), objectives.accumulate_metrics(sums, metrics)), None
 
     (grads, sums), _ = jax.lax.scan(body, (zeros(state.params), zeros(metrics_shape)), micro)
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
 
     def apply(s: TrainState) -> TrainState:
@@ -151,4 +168,5 @@ def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimiz
     new_state = jax.lax.cond(ok, apply, lambda s: s.replace(skipped=s.skipped + 1), state)
     return new_state, dict(sums, grad_norm=grad_norm, update_skipped=(~ok).astype(jnp.float32))
 
-  return jax.jit(update, donate_argnums=0)
+  out = None if state_shardings is None else (state_shardings, None)  # metrics: replicated
+  return jax.jit(update, donate_argnums=0, out_shardings=out)

@@ -1,8 +1,13 @@
 """Device mesh and the one rules table that maps logical axis names onto mesh axes.
 
-Every weight and key activation names its axes logically ("embed", "heads", ...); `RULES` says which
-mesh axes each logical axis is split over. A logical axis whose size the mesh axes do not divide stays
-replicated (e.g. 3 KV heads on a tensor axis of 4), so any model runs on any mesh.
+Every weight, activation and KV-cache array names its axes logically ("embed", "heads", ...); `RULES` says
+which mesh axes each logical axis is split over. Optimizer moments mirror the weights and take the weights'
+shardings (update.init_state). A logical axis whose size the mesh axes do not divide stays replicated (e.g.
+3 KV heads on a tensor axis of 4), so any model runs on any mesh.
+
+A mesh is described by `mesh.shape` (the axes inside one slice, over the fast inter-chip interconnect) and
+`mesh.dcn_shape` (how many slices along each axis, over the slower data-center network); their product per
+axis is the mesh. Named presets live in configs/mesh/<name>.py and are chosen with `mesh.preset`.
 """
 from __future__ import annotations
 
@@ -10,15 +15,23 @@ import math
 from typing import Any, Sequence
 
 import jax
+import ml_collections
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
+MEMORY_KINDS = ("device", "pinned_host")
 
-# logical axis -> mesh axes it is sharded over (in order). Absent or None: replicated.
+# logical axis -> mesh axes it is sharded over (in order); None: replicated. Every logical name used anywhere
+# must have an entry (logical_to_spec rejects unknown names), so a new weight cannot silently replicate.
 RULES: dict[str, tuple[str, ...] | None] = {
+    # activations and KV cache: rows are split over every data-parallel axis
     "batch": ("data", "fsdp"),
     "length": None,
+    "cache_length": None,
+    # weights (and, through update.init_state, their optimizer moments): FSDP over "embed", tensor
+    # parallelism over heads, KV heads, MLP features and the vocabulary
     "vocab": ("tensor",),
     "embed": ("fsdp",),
     "heads": ("tensor",),
@@ -26,30 +39,95 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "head_dim": None,
     "mlp": ("tensor",),
     "layers": None,
-    "cache_length": None,
 }
 
 
-def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None) -> Mesh:
-  """Mesh over ("data", "fsdp", "tensor"); one entry may be -1 (= the remaining devices)."""
-  devices = list(jax.devices() if devices is None else devices)
-  shape = list(shape)
-  if len(shape) != len(MESH_AXES):
-    raise ValueError(f"mesh.shape must have {len(MESH_AXES)} entries for axes {MESH_AXES}, got {shape}")
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = ""  # name of configs/mesh/<preset>.py; its fields replace the ones below ("" = use them as set)
+  c.shape = (1, -1, 1)  # (data, fsdp, tensor) inside one slice; one entry may be -1 (= the remaining devices)
+  c.dcn_shape = (1, 1, 1)  # slices along (data, fsdp, tensor) over the data-center network; product = slices
+  c.ref_params_memory = "device"  # "device" | "pinned_host": where the frozen KL-reference weights are kept
+  return c
+
+
+def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The mesh config with its preset (if any) applied: the preset's fields replace the given ones."""
+  mc = ml_collections.ConfigDict(mc.to_dict())
+  if mc.get("ref_params_memory", "device") not in MEMORY_KINDS:
+    raise ValueError(f"config.mesh.ref_params_memory={mc.ref_params_memory!r} is not allowed; choose one of "
+                     f"{MEMORY_KINDS}")
+  if mc.get("preset"):
+    from configs.base import load_mesh_preset  # presets are config files: configs/mesh/<name>.py
+    preset = load_mesh_preset(mc.preset)
+    mc.shape, mc.dcn_shape = tuple(preset.shape), tuple(preset.dcn_shape)
+  return mc
+
+
+def resolve_shape(shape: Sequence[int], n_devices: int, dcn_shape: Sequence[int] = (1, 1, 1)) -> tuple[int, ...]:
+  """The per-slice shape with -1 filled in, checked against the device count (clear errors naming both)."""
+  shape, dcn = list(shape), list(dcn_shape)
+  for name, s in (("mesh.shape", shape), ("mesh.dcn_shape", dcn)):
+    if len(s) != len(MESH_AXES):
+      raise ValueError(f"{name} must have {len(MESH_AXES)} entries for axes {MESH_AXES}, got {s}")
   if shape.count(-1) > 1:
     raise ValueError(f"mesh.shape may contain at most one -1, got {shape}")
+  if any(s < 1 for s in dcn) or any(s < 1 and s != -1 for s in shape):
+    raise ValueError(f"mesh sizes must be positive (mesh.shape may use one -1): shape {shape}, dcn_shape {dcn}")
+  slices = math.prod(dcn)
+  if n_devices % slices:
+    raise ValueError(f"mesh.dcn_shape {dcn} asks for {slices} slices, which does not divide the {n_devices} devices")
+  per_slice = n_devices // slices
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
-    if len(devices) % known:
-      raise ValueError(f"mesh.shape {shape} does not divide the {len(devices)} devices")
-    shape[shape.index(-1)] = len(devices) // known
-  if math.prod(shape) != len(devices):
-    raise ValueError(f"mesh.shape {shape} holds {math.prod(shape)} devices but {len(devices)} are present")
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+    if per_slice % known:
+      raise ValueError(f"mesh.shape {shape} does not divide the {n_devices} devices"
+                       + (f" ({per_slice} per slice)" if slices > 1 else ""))
+    shape[shape.index(-1)] = per_slice // known
+  if math.prod(shape) * slices != n_devices:
+    raise ValueError(f"mesh.shape {shape} x dcn_shape {dcn} holds {math.prod(shape) * slices} devices but "
+                     f"{n_devices} are present" if slices > 1 else
+                     f"mesh.shape {shape} holds {math.prod(shape)} devices but {n_devices} are present")
+  return tuple(shape)
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None,
+              dcn_shape: Sequence[int] = (1, 1, 1)) -> Mesh:
+  """Mesh over ("data", "fsdp", "tensor"); `shape` may contain one -1 (= the remaining devices).
+
+  One slice: on TPU the devices are ordered by `mesh_utils.create_device_mesh` so that mesh neighbours are
+  physical neighbours; elsewhere in the order given. Several slices (`dcn_shape` product > 1):
+  `create_hybrid_device_mesh`, slices being TPU slices (distinct `slice_index`) or else processes.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  ici = resolve_shape(shape, len(devices), dcn_shape)
+  if math.prod(dcn_shape) > 1:
+    # TPU multi-slice devices carry distinct slice indices; elsewhere each process is one slice.
+    granule_is_process = len({getattr(d, "slice_index", 0) for d in devices}) == 1
+    granules = {d.process_index if granule_is_process else d.slice_index for d in devices}
+    if len(granules) != math.prod(dcn_shape):
+      raise ValueError(f"mesh.dcn_shape {list(dcn_shape)} asks for {math.prod(dcn_shape)} slices but the devices form "
+                       f"{len(granules)} ({'processes' if granule_is_process else 'TPU slices'})")
+    arr = mesh_utils.create_hybrid_device_mesh(ici, tuple(dcn_shape), devices, process_is_granule=granule_is_process,
+                                               allow_split_physical_axes=True)
+  elif devices[0].platform == "tpu":
+    arr = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+  else:
+    arr = np.asarray(devices).reshape(ici)
+  return Mesh(arr, MESH_AXES)
+
+
+def mesh_from_config(mc: ml_collections.ConfigDict, devices: Sequence[Any] | None = None) -> Mesh:
+  """The run's mesh from `config.mesh` (preset applied)."""
+  mc = resolve(mc)
+  return make_mesh(tuple(mc.shape), devices, tuple(mc.dcn_shape))
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None, mesh_shape: dict[str, int]) -> P:
   """PartitionSpec for one array; mesh axes that do not divide the dimension (or are size 1) are dropped."""
+  unknown = [a for a in axes if a is not None and a not in RULES]
+  if unknown:
+    raise ValueError(f"logical axis {unknown[0]!r} has no entry in mesh.RULES (known: {sorted(RULES)})")
   used: set[str] = set()
   out = []
   for i, name in enumerate(axes):
@@ -65,12 +143,26 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None, mes
   return P(*out)
 
 
-def sharding_tree(axes_tree: Any, shapes_tree: Any, mesh: Mesh) -> Any:
-  """NamedShardings for a pytree, given matching pytrees of logical axes and of arrays/ShapeDtypeStructs."""
-  is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+def _is_axes(x: Any) -> bool:
+  return isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+
+
+def sharding_tree(axes_tree: Any, shapes_tree: Any, mesh: Mesh, memory_kind: str | None = None) -> Any:
+  """NamedShardings for a pytree, given matching pytrees of logical axes and of arrays/ShapeDtypeStructs.
+  `memory_kind` "pinned_host" places the arrays in host memory (see `with_memory_kind`)."""
   mesh_shape = dict(mesh.shape)
-  return jax.tree.map(lambda ax, x: NamedSharding(mesh, logical_to_spec(ax, x.shape, mesh_shape)),
-                      axes_tree, shapes_tree, is_leaf=is_axes)
+  return jax.tree.map(lambda ax, x: NamedSharding(mesh, logical_to_spec(ax, x.shape, mesh_shape),
+                                                  memory_kind=memory_kind),
+                      axes_tree, shapes_tree, is_leaf=_is_axes)
+
+
+def with_memory_kind(tree: Any, memory_kind: str) -> Any:
+  """The same arrays (same shardings) moved to `memory_kind`: "pinned_host" keeps them in host RAM, out of
+  accelerator memory; "device" brings them back for computation. XLA:CPU has both kinds too, so the move
+  is real there, but on a CPU both live in the same RAM: it saves nothing."""
+  if memory_kind not in MEMORY_KINDS:
+    raise ValueError(f"memory kind must be one of {MEMORY_KINDS}, got {memory_kind!r}")
+  return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind(memory_kind)), tree)
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
