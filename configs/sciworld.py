@@ -30,6 +30,7 @@ def cpu_default(c):
   c.model.max_prompt_tokens = 1024
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 96
   c.learner.minibatch_size, c.learner.micro_batch_size = 16, 4
+  c.learner.remat = False  # a CPU has memory to spare; recomputing layers in the backward pass only costs time
   c.train.num_updates = 2
   c.eval.every, c.eval.max_tasks = 0, 4
   c.sampler.max_batch = 16

@@ -91,9 +91,16 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
                  rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, init_params=params,
                  train_tasks=family.tasks(cfg.env, cfg.env.train_split),
-                 eval_tasks={s: family.tasks(cfg.env, s)[:cfg.eval.max_tasks or None]
+                 eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
                  stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])
+
+
+def spread(tasks: Sequence[Task], n: int) -> list[Task]:
+  """`n` tasks evenly spaced over a panel (panels are ordered by family), or all of them for n = 0."""
+  if not n or n >= len(tasks):
+    return list(tasks)
+  return [tasks[i] for i in np.linspace(0, len(tasks) - 1, n).round().astype(int)]
 
 
 def tasks_for_update(tasks: Sequence[Task], u: int, per_update: int, seed: int) -> list[Task]:
