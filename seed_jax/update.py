@@ -158,7 +158,7 @@ def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimiz
       return (jax.tree.map(jnp.add, grads, g), objectives.accumulate_metrics(sums, metrics)), None
 
     (grads, sums), _ = jax.lax.scan(body, (zeros(state.params), zeros(metrics_shape)), micro)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
 
     def apply(s: TrainState) -> TrainState:
