@@ -159,10 +159,26 @@ def _batched_dot(eq, a, b, dtype):
 
 def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
   scale = q_BTKGh.shape[-1] ** -0.5
+  if q_BTKGh.shape[1] == 1:
+    return _attention_one_query(q_BTKGh * scale, k_BKhS, v_BKSh, mask_BTS, dtype)
   s_BKGTS = _batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, k_BKhS, dtype)
   s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
   p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
   return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, v_BKSh, dtype)
+
+
+def _attention_one_query(q_B1KGh, k_BKhS, v_BKSh, mask_B1S, dtype):
+  """Decode attention (one query per row): matrix-vector products, written as multiply + reduce because
+  XLA:CPU fuses those into one pass over the cache, 2-4x faster than its batched-dot kernel at these sizes.
+  Products and sums are fp32 (bf16 operands are widened inside the fusion)."""
+  q_BKGh1 = q_B1KGh[:, 0, ..., None].astype(dtype).astype(jnp.float32)
+  s_BKGS = jnp.sum(q_BKGh1 * k_BKhS[:, :, None].astype(jnp.float32), axis=3)
+  s_BKGS = jnp.where(mask_B1S[:, :, None], s_BKGS, _MASKED)
+  p_BKGS1 = jax.nn.softmax(s_BKGS, axis=-1)[..., None]
+  if jnp.dtype(dtype) != jnp.float32:
+    p_BKGS1 = p_BKGS1.astype(dtype).astype(jnp.float32)  # the rounding a bf16 dot applies to its operand
+  o_BKGh = jnp.sum(p_BKGS1 * v_BKSh[:, :, None].astype(jnp.float32), axis=3)
+  return o_BKGh[:, None]
 
 
 def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS):
