@@ -83,13 +83,14 @@ def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E,
   """
   B, Pn = tokens_BP.shape
   L = stop_NL.shape[1]
-  params = tf.cast_params(params, dtype)  # once, outside the decode loop
-  cache = tf.KVCache.create(spec, B, Pn + max_new, dtype)
-  cache = cache.replace(k=constrain(cache.k, ("layers", "batch", "kv_heads", "head_dim", "cache_length")),
-                        v=constrain(cache.v, ("layers", "batch", "kv_heads", "cache_length", "head_dim")))
+  params = tf.cast_params(params, dtype)  # once, for the prefill and every decode step
   positions_BP = tf.left_pad_positions(valid_BP)
-  hidden_BPD, cache = tf.forward(params, spec, tokens_BP, positions_BP, valid_BP.astype(jnp.int32), cache, dtype)
+  hidden_BPD, cache = tf.prefill(params, spec, tokens_BP, positions_BP,
+                                 valid_BP.astype(jnp.int32), Pn + max_new, dtype)
+  cache = cache.replace(k=tuple(constrain(k, ("batch", "kv_heads", "head_dim", "cache_length")) for k in cache.k),
+                        v=tuple(constrain(v, ("batch", "kv_heads", "cache_length", "head_dim")) for v in cache.v))
   logits_BV = tf.logits_from_hidden(params, spec, hidden_BPD[:, -1:], dtype)[:, 0]
+  params = tf.decode_params(params, dtype)  # split per layer once, outside the decode loop
   is_pad_B = ~jnp.any(valid_BP, axis=1)
   stop_len_N = jnp.sum(stop_NL >= 0, axis=1)
 

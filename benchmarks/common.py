@@ -1,0 +1,96 @@
+"""Shared pieces of the model benchmarks: the SmolLM2-135M weights as an HF folder both sides load, child
+processes (so each side's peak memory is its own), timing, the CPU's fp32 matmul peak and FLOP counts.
+
+A benchmark's parent process exports the weights once, runs one child per side (`--child NAME`, which
+prints one JSON line) and prints one JSON line with both sides, their ratios and the load average.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_THREADS = 2
+
+
+def export_embedded(out_dir: str):
+  """Writes the embedded SmolLM2-135M-Instruct (GGUF) as an HF folder (config.json + safetensors); returns
+  its ModelSpec."""
+  from seed_jax.models import weights
+  spec, params = weights.load_model("embedded")
+  weights.export_hf(params, spec, out_dir)
+  return spec
+
+
+def run_child(module: str, child: str, model_dir: str, **kw: Any) -> dict[str, Any]:
+  """Runs `python -m module --child child ...` and returns the JSON object of its last stdout line."""
+  args = [sys.executable, "-m", module, "--child", child, "--model_dir", model_dir]
+  for k, v in kw.items():
+    args += [f"--{k}", str(v)]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
+  proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{module} child {child!r} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+  """High-water resident set of this process (Linux reports ru_maxrss in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(fn: Callable[[], Any], runs: int) -> list[float]:
+  """Wall seconds of `runs` calls of `fn` (which must block until its result is ready)."""
+  out = []
+  for _ in range(runs):
+    t0 = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - t0)
+  return out
+
+
+def median(xs: list[float]) -> float:
+  return statistics.median(xs)
+
+
+def matmul_peak_gflops(n: int = 2048, runs: int = 7) -> float:
+  """fp32 GFLOP/s of one large jnp matmul (median), the practical compute ceiling of this CPU."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  mm = jax.jit(jnp.matmul)
+  mm(a, b).block_until_ready()
+  return 2 * n ** 3 / median(timed(lambda: mm(a, b).block_until_ready(), runs)) / 1e9
+
+
+def forward_flops_per_token(spec, seq_len: int, with_logits: bool = True) -> float:
+  """2 x matmul weights (+ the vocabulary projection) plus causal attention (QK and PV over (T+1)/2 keys
+  on average) per token of a full forward over `seq_len` tokens."""
+  D, H, K, hd, F = spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim
+  per_layer = D * H * hd + 2 * D * K * hd + H * hd * D + 3 * D * F
+  matmul = spec.n_layers * per_layer + (spec.dim * spec.vocab_size if with_logits else 0)
+  attention = spec.n_layers * 4 * H * hd * (seq_len + 1) / 2
+  return 2 * matmul + attention
+
+
+def load_torch(model_dir: str):
+  """The HF PyTorch model (fp32, eval, default attention) on TORCH_THREADS threads."""
+  import torch
+  from transformers import AutoModelForCausalLM
+  torch.set_num_threads(TORCH_THREADS)
+  return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def load_avg() -> list[float]:
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def emit(result: dict[str, Any]) -> None:
+  print(json.dumps(result), flush=True)

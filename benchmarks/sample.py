@@ -1,0 +1,98 @@
+"""Greedy generation with SmolLM2-135M, batch 8 x prompt 256 -> 128 new tokens, no early stop: the seed_jax
+Sampler (fp32 and bf16) against Hugging Face `generate` (PyTorch CPU, fp32, 2 threads, same weights);
+prints one JSON line. Tokens/s counts generated tokens over the whole call (prefill included).
+
+Each configuration runs in its own child process, so each peak RSS is its own (loading included).
+
+  python -m benchmarks.sample [--batch 8] [--prompt 256] [--new 128] [--runs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import numpy as np
+
+from benchmarks import common
+
+
+def _prompts(batch: int, prompt: int, vocab: int) -> np.ndarray:
+  return np.random.default_rng(0).integers(3, vocab, (batch, prompt)).astype(np.int32)
+
+
+def child_jax(a, dtype: str) -> dict:
+  import jax
+  from seed_jax.models import weights
+  from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+  spec, params = weights.load_hf(a.model_dir)
+  prompts = _prompts(a.batch, a.prompt, spec.vocab_size).tolist()
+  sampler = Sampler(spec, [], SamplerConfig(max_prompt_len=a.prompt, min_prompt_bucket=a.prompt, min_batch=a.batch,
+                                            max_batch=a.batch, dtype=dtype))
+  sp = SamplingParams(temperature=0.0, max_new_tokens=a.new)
+  out = []
+  run = lambda: out.append(sampler.generate(params, prompts, jax.random.key(0), sp))
+  first_s = common.timed(run, 1)[0]
+  times = common.timed(run, a.runs)
+  if any(len(g.tokens) != a.new for g in out[-1]):
+    raise RuntimeError("a row stopped early")
+  return dict(times_s=times, first_call_s=first_s, peak_rss_mb=common.peak_rss_mb(),
+              tokens=[g.tokens[:8] for g in out[-1][:2]])
+
+
+def child_torch(a) -> dict:
+  import torch
+  model = common.load_torch(a.model_dir)
+  prompts = torch.tensor(_prompts(a.batch, a.prompt, model.config.vocab_size), dtype=torch.long)
+  mask = torch.ones_like(prompts)
+  out = []
+
+  def run():
+    with torch.inference_mode():
+      out.append(model.generate(input_ids=prompts, attention_mask=mask, do_sample=False, max_new_tokens=a.new,
+                                min_new_tokens=a.new, pad_token_id=0))
+
+  common.timed(run, 1)
+  times = common.timed(run, a.runs)
+  new = out[-1][:, a.prompt:]
+  if new.shape[1] != a.new:
+    raise RuntimeError(f"HF generated {new.shape[1]} tokens, not {a.new}")
+  return dict(times_s=times, peak_rss_mb=common.peak_rss_mb(), tokens=new[:2, :8].tolist())
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--prompt", type=int, default=256)
+  p.add_argument("--new", type=int, default=128)
+  p.add_argument("--runs", type=int, default=3)
+  p.add_argument("--child", default="")
+  p.add_argument("--model_dir", default="")
+  a = p.parse_args()
+  if a.child:
+    fns = {"jax_fp32": lambda: child_jax(a, "float32"), "jax_bf16": lambda: child_jax(a, "bfloat16"),
+           "torch": lambda: child_torch(a)}
+    common.emit(fns[a.child]())
+    return
+  load_start = common.load_avg()
+  kw = dict(batch=a.batch, prompt=a.prompt, new=a.new, runs=a.runs)
+  with tempfile.TemporaryDirectory() as d:
+    common.export_embedded(d)
+    res = {name: common.run_child("benchmarks.sample", name, d, **kw) for name in ("jax_fp32", "torch", "jax_bf16")}
+  generated = a.batch * a.new
+  side = lambda r: dict(tokens_per_s=round(generated / common.median(r["times_s"]), 1),
+                        peak_rss_mb=round(r["peak_rss_mb"]), times_s=[round(t, 2) for t in r["times_s"]])
+  out = dict(bench="sample", model="SmolLM2-135M", batch=a.batch, prompt=a.prompt, new_tokens=a.new, greedy=True)
+  for name in ("jax_fp32", "jax_bf16"):
+    r = res[name]
+    out[f"seed_{name[4:]}"] = dict(side(r), compile_s=round(r["first_call_s"] - common.median(r["times_s"]), 2))
+  out["hf_generate_fp32"] = side(res["torch"])
+  hf = out["hf_generate_fp32"]["tokens_per_s"]
+  out["ratio_fp32"] = round(out["seed_fp32"]["tokens_per_s"] / hf, 3)
+  out["ratio_bf16"] = round(out["seed_bf16"]["tokens_per_s"] / hf, 3)
+  out["fp32_tokens_equal_hf"] = res["jax_fp32"]["tokens"] == res["torch"]["tokens"]
+  out["load_avg"] = dict(start=load_start, end=common.load_avg())
+  common.emit(out)
+
+
+if __name__ == "__main__":
+  main()
