@@ -1,14 +1,16 @@
 """Shared defaults of every run; environment configs start from `get_base()` and override."""
 import ml_collections
 
-from seed_jax import objectives, skills, update
+from seed_jax import objectives, sft, skills, stage1, update
 from seed_jax.infra import checkpoint, metrics
 
 
 def get_base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.stage = "rl"  # "rl" (SEED / GRPO) | "generate" (answer `generate.prompt` with the model and exit)
+  # "rl" (SEED / GRPO) | "generate" (answer `generate.prompt` with the model and exit) | Stage 1: "collect"
+  # (base-policy trajectories), "annotate" (hindsight skills -> SFT records), "sft" (train + export an HF folder)
+  c.stage = "rl"
 
   c.model = ml_collections.ConfigDict()
   c.model.path = "embedded"  # HF checkpoint folder, .gguf file, or "embedded" (SmolLM2-135M-Instruct)
@@ -61,6 +63,10 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval.batch_envs = 0  # minimum pool size for evaluation (the pool has at least B*G envs)
 
   c.log = metrics.default_config()
+
+  c.collect = stage1.collect_config()  # stage "collect"
+  c.annotate = stage1.annotate_config()  # stage "annotate" ("external" uses analyzer.external)
+  c.sft = sft.default_config()  # stage "sft"
 
   c.generate = ml_collections.ConfigDict()
   c.generate.prompt = "What is the capital of France?"
