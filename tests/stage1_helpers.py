@@ -4,15 +4,29 @@ from __future__ import annotations
 from seed_jax.envs.base import Step, Task, Trajectory
 
 
+def random_params(spec, seed: int = 0, scale: float = 0.02) -> dict:
+  """Random weights in numpy (norms 1, biases 0, matrices N(0, scale)): the layout of transformer.init_params
+  without building the NNX module, which costs seconds of eager dispatch per call."""
+  import numpy as np
+  from seed_jax.models import transformer as tf
+  rng = np.random.default_rng(seed)
+  make = lambda name, shape: (np.ones(shape, np.float32) if name.endswith("norm") else
+                              np.zeros(shape, np.float32) if name in ("bq", "bk", "bv") else
+                              (scale * rng.standard_normal(shape)).astype(np.float32))
+  shapes = tf.param_shapes(spec)
+  params = {k: make(k, v) for k, v in shapes.items() if k != "layers"}
+  params["layers"] = {k: make(k, v) for k, v in shapes["layers"].items()}
+  return params
+
+
 def tiny_model_folder(path: str, tok, dim: int = 32, n_layers: int = 1, seed: int = 0) -> str:
   """Writes a random Llama-family model (tied embeddings) with `tok`'s vocabulary and the tokenizer files."""
   from seed_jax import sft
-  from seed_jax.models import transformer as tf
   from seed_jax.models.spec import ModelSpec
   spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=dim, n_layers=n_layers, n_heads=2,
                    n_kv_heads=1, head_dim=dim // 2, ffn_dim=2 * dim, tie_embeddings=True, max_seq_len=4096,
                    bos_token_id=tok.hf.bos_token_id, eos_token_id=tok.hf.eos_token_id)
-  sft.export(tf.init_params(spec, seed), spec, tok, path)
+  sft.export(random_params(spec, seed), spec, tok, path)
   return path
 
 

@@ -1,5 +1,6 @@
 """Stage 1 SFT: packing and its masks, the packed loss against per-record references, overfitting 16 records
 (loss and exact greedy reproduction through the exported HF folder), and checkpoint resume."""
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from seed_jax.models import transformer as tf
 from seed_jax.models import weights
 from seed_jax.models.spec import ModelSpec
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
-from stage1_helpers import small_tokenizer_folder, tiny_model_folder
+from stage1_helpers import random_params, small_tokenizer_folder, tiny_model_folder
 
 A = sft.Example(prompt=[11, 12, 13], response=[14, 15, 2])
 B = sft.Example(prompt=[21, 22], response=[23, 2])
@@ -67,19 +68,24 @@ SPEC = ModelSpec("LlamaForCausalLM", vocab_size=64, dim=32, n_layers=2, n_heads=
 def test_packed_loss_equals_each_record_alone():
   """No attention across records and positions restarting per record: a packed row gives every record the
   same log-likelihood as a forward over that record alone."""
-  params = tf.init_params(SPEC, 3)
+  params = random_params(SPEC, 3)
   params["embed"] = params["embed"] * 30
   rng = np.random.default_rng(0)
   examples = [sft.Example(rng.integers(3, 64, n).tolist(), rng.integers(3, 64, m).tolist()) for n, m in
               [(7, 3), (2, 5), (11, 1), (4, 4), (9, 6)]]
-  expect = []
-  for e in examples:
-    t = jnp.asarray([e.prompt + e.response])
-    logp = jax.nn.log_softmax(tf.full_logits(params, SPEC, t, jnp.ones_like(t, bool))[0], axis=-1)
-    expect.append(-sum(float(logp[len(e.prompt) - 1 + r, tok]) for r, tok in enumerate(e.response)))
+  # Reference: all records in one ordinary left-padded batch (one segment per row), log-softmax in numpy.
+  T = max(map(len, examples))
+  tokens, valid = np.zeros((len(examples), T), np.int32), np.zeros((len(examples), T), bool)
+  for b, e in enumerate(examples):
+    tokens[b, T - len(e):], valid[b, T - len(e):] = e.prompt + e.response, True
+  logits = np.asarray(jax.jit(lambda p, t, v: tf.full_logits(p, SPEC, t, v))(params, tokens, valid), np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+  expect = [-sum(logp[b, T - len(e.response) - 1 + r, tok] for r, tok in enumerate(e.response))
+            for b, e in enumerate(examples)]
   batch = sft.pack(examples, max_len=32, min_len_bucket=8)
   assert batch.tokens_RL.shape[0] < len(examples)  # several records share rows
-  nll, count = sft.nll_sums(params, batch, spec=SPEC, dtype=jnp.float32, chunk=4, remat=False)
+  nll, count = jax.jit(functools.partial(sft.nll_sums, spec=SPEC, dtype=jnp.float32, chunk=4, remat=False))(
+      params, batch)
   assert int(count) == 19
   assert np.isclose(float(nll), sum(expect), rtol=1e-5)
 
