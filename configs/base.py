@@ -4,14 +4,16 @@ import os
 
 import ml_collections
 
-from seed_jax import objectives, skills, update
+from seed_jax import objectives, sft, skills, stage1, update
 from seed_jax.infra import checkpoint, distributed, mesh, metrics
 
 
 def get_base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.stage = "rl"  # "rl" (SEED / GRPO) | "generate" (answer `generate.prompt` with the model and exit)
+  # "rl" (SEED / GRPO) | "generate" (answer `generate.prompt` with the model and exit) | Stage 1: "collect"
+  # (base-policy trajectories), "annotate" (hindsight skills -> SFT records), "sft" (train + export an HF folder)
+  c.stage = "rl"
 
   c.model = ml_collections.ConfigDict()
   c.model.path = "embedded"  # HF checkpoint folder, .gguf file, or "embedded" (SmolLM2-135M-Instruct)
@@ -66,6 +68,10 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval.batch_envs = 0  # minimum pool size for evaluation (the pool has at least B*G envs)
 
   c.log = metrics.default_config()
+
+  c.collect = stage1.collect_config()  # stage "collect"
+  c.annotate = stage1.annotate_config()  # stage "annotate" ("external" uses analyzer.external)
+  c.sft = sft.default_config()  # stage "sft"
 
   c.generate = ml_collections.ConfigDict()
   c.generate.prompt = "What is the capital of France?"

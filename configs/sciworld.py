@@ -1,12 +1,16 @@
-"""ScienceWorld. Variants: "" = the embedded default sized for a CPU in minutes; "paper" = SEED's settings.
+"""ScienceWorld. Variants: "" = the embedded default sized for a CPU in minutes; "paper" = SEED's settings;
+"collect" / "annotate" / "sft" (+ ",paper") = Stage 1 (configs/stage1.py).
 
 python -m seed_jax.main --config=configs/sciworld.py[:paper] [--config.model.path=...]
 """
-from configs import base
+from configs import base, stage1
 from seed_jax.envs import sciworld
 
 
 def get_config(variant: str = ""):
+  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py), e.g. "sft,paper"."""
+  paper, stage = stage1.parse_variant(variant, "sciworld")
+  variant = "paper" if paper else ""
   c = base.get_base()
   c.env = sciworld.default_config()
   c.env.name = "sciworld"
@@ -17,8 +21,8 @@ def get_config(variant: str = ""):
     c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
   elif variant == "paper":
     paper_default(c)
-  else:
-    raise ValueError(f"unknown variant {variant!r} of configs/sciworld.py; known: '', 'paper'")
+  if stage:
+    stage1.apply(c, stage, paper)
   return c
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import ml_collections
 
 _CHOICES = {
-    "stage": ("rl", "generate"),
+    "stage": ("rl", "generate", "collect", "annotate", "sft"),
     "sampler.dtype": ("float32", "bfloat16"),
     "rescore.dtype": ("float32", "bfloat16"),
     "learner.dtype": ("float32", "bfloat16"),
@@ -20,7 +20,20 @@ _CHOICES = {
     "objectives.agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "objectives.kl_estimator": ("k1", "k2", "low_var_kl"),
     "objectives.opd_variant": ("gated", "positive_gap", "reverse_kl_adv", "teacher_adv", "none"),
+    "annotate.analyzer": ("oracle", "local", "external"),
+    "annotate.local_dtype": ("float32", "bfloat16"),
+    "sft.schedule": ("constant", "warmup_cosine"),
+    "sft.dtype": ("float32", "bfloat16"),
 }
+# Fields checked only when their stage runs.
+_STAGE_POSITIVE = {
+    "collect": ("collect.num_tasks", "collect.rollouts", "collect.max_new_tokens", "collect.tasks_per_batch",
+                "env.max_steps"),
+    "annotate": ("annotate.chunk", "annotate.max_prompt_tokens", "annotate.gold_envs", "annotate.local_max_new_tokens",
+                 "annotate.local_max_batch"),
+    "sft": ("sft.epochs", "sft.batch_size", "sft.max_len", "sft.min_len_bucket", "sft.micro_rows", "sft.vocab_chunk"),
+}
+_STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac")}
 _POSITIVE = ("rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs", "sampler.max_batch",
              "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
@@ -49,6 +62,14 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   for path in _NON_NEGATIVE:
     if not get(cfg, path) >= 0:
       raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
+  for path in _STAGE_POSITIVE.get(cfg.stage, ()):
+    if not get(cfg, path) > 0:
+      raise ValueError(f"config.{path}={get(cfg, path)!r} must be > 0")
+  for path in _STAGE_NON_NEGATIVE.get(cfg.stage, ()):
+    if not get(cfg, path) >= 0:
+      raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
+  if cfg.stage == "sft" and not 0 <= cfg.sft.val_frac < 1:
+    raise ValueError(f"config.sft.val_frac={cfg.sft.val_frac} must be in [0, 1)")
   if not 0 < cfg.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
   if cfg.learner.minibatch_size % cfg.learner.micro_batch_size:
@@ -59,5 +80,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError("config.model.path is empty: give --config.model.path=<HF folder | .gguf file | embedded>")
   if path != "embedded" and not os.path.exists(path):
     raise ValueError(f"config.model.path={path!r} does not exist")
-  if cfg.stage == "rl" and "name" not in cfg.env:
+  if cfg.stage == "annotate" and cfg.annotate.analyzer == "local" and not cfg.annotate.local_model_path:
+    raise ValueError("config.annotate.local_model_path is empty: the 'local' analyzer needs a model "
+                     "(HF folder | .gguf file | embedded)")
+  needs_env = cfg.stage in ("rl", "collect") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")
+  if needs_env and "name" not in cfg.env:
     raise ValueError("config.env.name is missing: use an environment config such as configs/sciworld.py")

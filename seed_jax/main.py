@@ -11,7 +11,7 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sciworld.py", "ml_collections config file[:variant]")
 _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, dumps); an existing one resumes. "
-                               "Default: runs/<env>-<time>")
+                               "Default: runs/<env>-<time>; the Stage 1 stages share runs/<env>-stage1")
 
 
 def generate_once(cfg) -> str:
@@ -27,6 +27,27 @@ def generate_once(cfg) -> str:
   return tok.decode(gen.tokens)
 
 
+def run_stage1(cfg) -> None:
+  """collect -> annotate -> sft, each reading what the previous wrote in the same workdir."""
+  import json
+  from seed_jax import sft, stage1
+  workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.get('name', 'none')}-stage1")
+  os.makedirs(workdir, exist_ok=True)
+  print(f"seed_jax: stage {cfg.stage}, workdir {os.path.abspath(workdir)}")
+  if cfg.stage == "collect":
+    stats = stage1.collect(cfg, workdir)
+  elif cfg.stage == "annotate":
+    stats = stage1.annotate(cfg, workdir)
+  else:
+    out = sft.train(cfg, workdir)
+    stats = out["metrics"]
+    print(f"seed_jax: exported {out['export_dir']}; start RL with --config.model.path={out['export_dir']}")
+  with open(os.path.join(workdir, f"{cfg.stage}_stats.json"), "w") as f:
+    json.dump(stats, f, indent=2)
+  for k in sorted(stats):
+    print(f"  {k} = {stats[k]}")
+
+
 def main(argv):
   del argv
   from seed_jax.config import validate
@@ -37,6 +58,9 @@ def main(argv):
     sys.exit(f"config error: {e}")
   if cfg.stage == "generate":
     print(generate_once(cfg))
+    return
+  if cfg.stage in ("collect", "annotate", "sft"):
+    run_stage1(cfg)
     return
   from seed_jax import pipeline
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")

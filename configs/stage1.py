@@ -1,0 +1,40 @@
+"""Stage 1 variants shared by the environment configs: `:collect`, `:annotate`, `:sft` (CPU-sized, minutes with
+SmolLM2-135M) and the same with `,paper` (SEED's values: 180 tasks x 8 rollouts at temperature 0.4, 3 epochs,
+lr 5e-6, batch 8, AdamW b=(0.9, 0.95), warmup 10 %, cosine, 8k tokens).
+
+The three stages share one workdir:
+  python -m seed_jax.main --config=configs/textworld_express.py:collect --workdir=runs/twx-stage1
+  python -m seed_jax.main --config=configs/textworld_express.py:annotate --workdir=runs/twx-stage1
+  python -m seed_jax.main --config=configs/textworld_express.py:sft --workdir=runs/twx-stage1
+  python -m seed_jax.main --config=configs/textworld_express.py --config.model.path=runs/twx-stage1/export
+"""
+STAGES = ("collect", "annotate", "sft")
+
+
+def parse_variant(variant: str, config_name: str) -> tuple[bool, str | None]:
+  """(paper?, Stage 1 stage or None) of a comma-separated variant such as "sft,paper"."""
+  parts = [p for p in variant.split(",") if p]
+  stages = [p for p in parts if p in STAGES]
+  if len(stages) > 1 or any(p != "paper" and p not in STAGES for p in parts):
+    raise ValueError(f"unknown variant {variant!r} of configs/{config_name}.py; known: '', 'paper', one of "
+                     f"{STAGES}, optionally with ',paper'")
+  return "paper" in parts, (stages[0] if stages else None)
+
+
+def apply(c, stage: str, paper: bool) -> None:
+  """Sets `c.stage`; the module defaults of c.collect / c.annotate / c.sft are the paper's values."""
+  if stage not in STAGES:
+    raise ValueError(f"unknown Stage 1 stage {stage!r}; known: {STAGES}")
+  c.stage = stage
+  if paper:
+    c.annotate.analyzer = "external"  # a strong LLM: set analyzer.external.base_url / model / api_key_env
+    c.sft.dtype = "bfloat16"
+    return
+  c.collect.num_tasks, c.collect.rollouts, c.collect.tasks_per_batch = 4, 4, 2
+  c.collect.max_new_tokens = c.rollout.max_new_tokens
+  c.annotate.max_prompt_tokens, c.annotate.chunk, c.annotate.gold_envs = 1536, 16, 2
+  c.annotate.local_max_new_tokens, c.annotate.local_max_batch = 128, 8
+  c.sft.max_len = 2048
+  c.sft.epochs, c.sft.batch_size = 2, 4
+  c.sft.lr = 5e-5  # a few steps on a handful of records: the paper's 5e-6 would barely move the weights
+  c.sft.checkpoint.save_interval_steps = 4

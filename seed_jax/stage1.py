@@ -1,0 +1,313 @@
+"""Stage 1 data (SEED_ALGORITHM.md §2): collect base-policy trajectories, then annotate each with a
+hindsight skill, giving the SFT records (analysis prompt -> `{"episode_summary", "episode_skill"}`).
+
+Both stages are resumable. Collection appends each finished task group as one JSONL line (one write, then
+fsync); annotation appends each finished chunk of analyses to its log. On start a file is read back, a torn
+last line (a write cut short by a crash) is cut off, and the task groups / trajectories already there are
+skipped, so a restart neither repeats nor loses records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from seed_jax import sft_oracle, skills
+from seed_jax.envs import get_family
+from seed_jax.envs.base import Step, Task, Trajectory
+from seed_jax.envs.pool import EnvPool
+from seed_jax.infra.mesh import make_mesh
+from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import weights
+from seed_jax.rollout import run_episodes
+from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES_FILE = "trajectories.jsonl"  # collect -> annotate
+ANNOTATIONS_FILE = "annotations.jsonl"  # every analysed trajectory: reply, parse result (annotate's resume log)
+RECORDS_FILE = "sft_records.jsonl"  # the kept records: annotate -> sft
+ANALYZERS = ("oracle", "local", "external")
+
+
+def collect_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.num_tasks = 180  # N training tasks: the first N of the seeded permutation of the env's train panel
+  c.rollouts = 8  # K rollouts of each task (a group, all from the same reset state)
+  c.temperature = 0.4
+  c.top_p = 1.0
+  c.max_new_tokens = 512  # per step
+  c.tasks_per_batch = 16  # tasks played at once; the env pool has tasks_per_batch * rollouts envs
+  c.output = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
+  return c
+
+
+def annotate_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.analyzer = "oracle"  # "oracle" (gold paths) | "local" (a seed_jax model, greedy) | "external" (config.analyzer.external)
+  c.input = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
+  c.output = ""  # kept SFT records; "" = <workdir>/sft_records.jsonl
+  c.log = ""  # every analysis (also the dropped ones), the resume state; "" = <workdir>/annotations.jsonl
+  c.max_prompt_tokens = 7168  # analysis prompts (chat template included) are fitted to this by dropping old steps
+  c.chunk = 64  # trajectories per analyzer call; each finished chunk is appended to the log
+  c.gold_envs = 8  # "oracle": envs resetting tasks in parallel to read their gold paths
+  c.local_model_path = ""  # "local": HF folder, .gguf file or "embedded"; its tokenizer comes from the same path
+  c.local_max_new_tokens = 1024  # "local": longest reply
+  c.local_max_batch = 16  # "local": rows per generation call
+  c.local_dtype = "float32"  # "local": sampler compute dtype ("float32" | "bfloat16")
+  return c
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Resumable JSONL
+
+
+def append_records(path: str, records: Sequence[dict]) -> None:
+  """Appends `records` as JSON lines with one O_APPEND write (looped only if the OS writes part), then fsync."""
+  data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode()
+  if not data:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    view = memoryview(data)
+    while view:
+      view = view[os.write(fd, view):]
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def read_records(path: str, repair: bool = False) -> list[dict]:
+  """The complete lines of a JSONL file ([] if it does not exist). A last line without its newline is a torn
+  write: it is ignored, and with `repair` cut off the file so later appends start on a clean line. A broken
+  line in the middle is an error naming the line."""
+  if not os.path.exists(path):
+    return []
+  with open(path, "rb") as f:
+    data = f.read()
+  end = data.rfind(b"\n") + 1
+  if end < len(data):
+    log.warning("%s: ignoring a torn last line of %d bytes", path, len(data) - end)
+    if repair:
+      with open(path, "r+b") as f:
+        f.truncate(end)
+        os.fsync(f.fileno())
+  out = []
+  for n, line in enumerate(data[:end].splitlines(), 1):
+    if line.strip():
+      try:
+        out.append(json.loads(line))
+      except ValueError as e:
+        raise ValueError(f"{path}: line {n} is not valid JSON ({e}); the file is corrupt") from None
+  return out
+
+
+def _unique(records: Iterable[dict], key: Callable[[dict], Any]) -> dict[Any, dict]:
+  out: dict[Any, dict] = {}
+  for r in records:
+    out.setdefault(key(r), r)  # the first copy wins
+  return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Trajectories as JSON (no token ids: annotation and SFT work on text)
+
+_STEP_FIELDS = ("observation", "response_text", "action", "action_valid", "reward", "done", "info")
+
+
+def traj_to_json(t: Trajectory) -> dict:
+  return dict(task=t.task.to_json(), group_id=t.group_id, traj_id=t.traj_id, episode_return=t.episode_return,
+              success=t.success, score=t.score, termination=t.termination, truncated_prompts=t.truncated_prompts,
+              task_description=t.task_description, info=t.info,
+              steps=[{f: getattr(s, f) for f in _STEP_FIELDS} for s in t.steps])
+
+
+def traj_from_json(d: dict) -> Trajectory:
+  steps = [Step(prompt_text="", prompt_tokens=[], response_tokens=[], logps=[], **{f: s[f] for f in _STEP_FIELDS})
+           for s in d["steps"]]
+  return Trajectory(task=Task.from_json(d["task"]), group_id=d["group_id"], traj_id=d["traj_id"], steps=steps,
+                    episode_return=d["episode_return"], success=d["success"], score=d["score"],
+                    termination=d["termination"], truncated_prompts=d["truncated_prompts"],
+                    task_description=d["task_description"], info=d["info"])
+
+
+def load_trajectories(path: str) -> list[tuple[int, Trajectory]]:
+  """(task index, trajectory) of every collected group, in task order."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no trajectory file {path!r}: run the collect stage first (or set annotate.input)")
+  groups = _unique(read_records(path), lambda r: r["task_index"])
+  return [(i, traj_from_json(t)) for i in sorted(groups) for t in groups[i]["trajectories"]]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Collection
+
+
+def collection_tasks(cfg: ml_collections.ConfigDict) -> list[Task]:
+  from seed_jax.pipeline import tasks_for_update  # the RL task stream: a seeded permutation of the panel
+  panel = get_family(cfg.env.name).tasks(cfg.env, cfg.env.train_split)
+  return tasks_for_update(panel, 0, cfg.collect.num_tasks, cfg.seed)
+
+
+def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, float]:
+  """Rolls out the base policy on N tasks x K rollouts; appends one line per finished task group. `mesh`
+  defaults to config.mesh.shape over all devices."""
+  cc = cfg.collect
+  path = cc.output or os.path.join(workdir, TRAJECTORIES_FILE)
+  tasks = collection_tasks(cfg)
+  done = _unique(read_records(path, repair=True), lambda r: r["task_index"])
+  pending = [i for i in range(len(tasks)) if i not in done]
+  log.info("collect: %d of %d task groups already in %s; %d to go", len(done), len(tasks), path, len(pending))
+  stats = {"collect/groups_done_before": float(len(done)), "collect/groups_written": 0.0}
+  if not pending:
+    return stats
+  mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
+  spec, params = weights.load_model(cfg.model.path, mesh)
+  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  family = get_family(cfg.env.name)
+  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
+                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
+  sp = SamplingParams(cc.temperature, cfg.rollout.top_k, cc.top_p, cc.max_new_tokens)
+  stops = [tok.encode(s) for s in cfg.rollout.stop_strings]
+  generate = lambda prompts, key: sampler.generate(params, prompts, key, sp, stops)
+  K, per = cc.rollouts, min(cc.tasks_per_batch, len(pending))
+  n_traj = n_ok = n_steps = 0
+  t0 = time.perf_counter()
+  with EnvPool(family, cfg.env, per * K) as pool:
+    for start in range(0, len(pending), per):
+      idx = pending[start:start + per]
+      trajs = run_episodes(pool, family, cfg.env, [tasks[i] for i in idx for _ in range(K)],
+                           [i for i in idx for _ in range(K)], [k for _ in idx for k in range(K)], generate, tok,
+                           jax.random.fold_in(jax.random.key(cfg.seed), idx[0]),
+                           max_prompt_tokens=cfg.model.max_prompt_tokens)
+      append_records(path, [dict(task_index=i, task=tasks[i].to_json(),
+                                 trajectories=[traj_to_json(t) for t in trajs[j * K:(j + 1) * K]])
+                            for j, i in enumerate(idx)])
+      n_traj += len(trajs)
+      n_ok += sum(t.success for t in trajs)
+      n_steps += sum(t.length for t in trajs)
+      minutes = (time.perf_counter() - t0) / 60
+      log.info("collect: %d/%d groups, %.1f trajectories/min, success %.3f", len(done) + start + len(idx),
+               len(tasks), n_traj / minutes, n_ok / n_traj)
+  minutes = (time.perf_counter() - t0) / 60
+  stats.update({"collect/groups_written": float(len(pending)), "collect/trajectories": float(n_traj),
+                "collect/trajectories_per_min": n_traj / minutes, "collect/success": n_ok / max(n_traj, 1),
+                "collect/steps_per_trajectory": n_steps / max(n_traj, 1), "collect/minutes": minutes})
+  return stats
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Annotation
+
+
+@dataclasses.dataclass
+class _Backend:
+  """Replies for a chunk: `reply(items, prompts)` with items = [(task index, trajectory)]."""
+  reply: Callable[[list[tuple[int, Trajectory]], list[str]], list[str]]
+  count_tokens: Callable[[str], int]
+  stats: Callable[[], dict[str, int]]
+
+
+def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]], mesh) -> _Backend:
+  ac = cfg.annotate
+  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)  # the policy's, which SFT trains
+  count = lambda s: len(tok.encode_chat(s))
+  if ac.analyzer == "oracle":
+    by_task = {i: t.task for i, t in items}
+    golds = sft_oracle.fetch_gold_paths(get_family(cfg.env.name), cfg.env, list(by_task.values()), ac.gold_envs)
+    gold = dict(zip(by_task, golds))
+    thr = cfg.analyzer.success_threshold
+    log.info("annotate: gold paths for %d of %d tasks", sum(g is not None for g in golds), len(golds))
+    return _Backend(lambda chunk, _: [sft_oracle.oracle_reply(t, gold[i], thr) for i, t in chunk], count,
+                    lambda: {"tasks_without_gold": sum(g is None for g in golds)})
+  if ac.analyzer == "external":
+    analyzer = skills.ExternalAnalyzer(cfg.analyzer.external)
+    return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
+  if ac.analyzer == "local":
+    if not ac.local_model_path:
+      raise ValueError("annotate.analyzer='local' needs annotate.local_model_path (HF folder, .gguf or 'embedded')")
+    mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
+    spec, params = weights.load_model(ac.local_model_path, mesh)
+    ltok = tokenizer_lib.load_tokenizer(ac.local_model_path)
+    sampler = Sampler(spec, ltok.eos_ids, SamplerConfig(max_prompt_len=ac.max_prompt_tokens,
+                                                        max_batch=ac.local_max_batch, dtype=ac.local_dtype), mesh)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=ac.local_max_new_tokens)
+    generate = lambda texts: [ltok.decode(g.tokens) for g in sampler.generate(
+        params, [ltok.encode_chat(t) for t in texts], jax.random.key(cfg.seed), sp)]
+    analyzer = skills.PolicyAnalyzer(generate)
+    # Prompts must fit both the SFT'd policy and the annotating model.
+    return _Backend(lambda _, prompts: analyzer.analyze(prompts),
+                    lambda s: max(count(s), len(ltok.encode_chat(s))), analyzer.stats.as_dict)
+  raise ValueError(f"annotate.analyzer={ac.analyzer!r}; allowed: {ANALYZERS}")
+
+
+def annotate(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, float]:
+  """Analyses every collected trajectory (env errors and empty episodes excluded) with the chosen analyzer,
+  logs each reply, and writes the records whose reply parses with a non-empty skill. `mesh` (the "local"
+  analyzer's) defaults to config.mesh.shape over all devices."""
+  ac = cfg.annotate
+  if ac.analyzer not in ANALYZERS:
+    raise ValueError(f"annotate.analyzer={ac.analyzer!r}; allowed: {ANALYZERS}")
+  if ac.chunk < 1 or ac.max_prompt_tokens < 1:
+    raise ValueError(f"annotate.chunk={ac.chunk} and annotate.max_prompt_tokens={ac.max_prompt_tokens} must be >= 1")
+  in_path = ac.input or os.path.join(workdir, TRAJECTORIES_FILE)
+  log_path = ac.log or os.path.join(workdir, ANNOTATIONS_FILE)
+  out_path = ac.output or os.path.join(workdir, RECORDS_FILE)
+  collected = load_trajectories(in_path)
+  usable = [(i, t) for i, t in collected if t.steps and t.termination != "env_error"]
+  done = _unique(read_records(log_path, repair=True), lambda r: (r["task_index"], r["traj_id"]))
+  pending = [(i, t) for i, t in usable if (i, t.traj_id) not in done]
+  log.info("annotate (%s): %d trajectories, %d usable, %d already analysed", ac.analyzer, len(collected),
+           len(usable), len(usable) - len(pending))
+  backend_stats: dict[str, int] = {}
+  if pending:
+    backend = _backend(cfg, pending, mesh)
+    thr = cfg.analyzer.success_threshold
+    for start in range(0, len(pending), ac.chunk):
+      chunk = pending[start:start + ac.chunk]
+      prompts = [skills.analysis_prompt_fitted(t, backend.count_tokens, ac.max_prompt_tokens, thr) for _, t in chunk]
+      replies = backend.reply(chunk, prompts)
+      if len(replies) != len(chunk):
+        raise ValueError(f"analyzer returned {len(replies)} replies for {len(chunk)} prompts")
+      lines = []
+      for (i, t), prompt, reply in zip(chunk, prompts, replies):
+        p = skills.parse_skill(reply)
+        lines.append(dict(task_index=i, traj_id=t.traj_id, task_id=t.task.task_id,
+                          success=skills.is_success(t, thr), analyzer=ac.analyzer, ok=p.ok, error=p.error,
+                          prompt=prompt, reply=reply,
+                          response=skills.format_skill_json(p.summary or "", p.skill) if p.ok else None))
+      append_records(log_path, lines)
+      log.info("annotate: %d/%d analysed", len(usable) - len(pending) + start + len(chunk), len(usable))
+    backend_stats = backend.stats()
+  return _write_records(read_records(log_path), usable, out_path, backend_stats)
+
+
+def _write_records(log_lines: list[dict], usable: list[tuple[int, Trajectory]], out_path: str,
+                   backend_stats: dict[str, int]) -> dict[str, float]:
+  """Writes the kept records (in trajectory order) to `out_path` at once (temporary file + rename)."""
+  by_key = _unique(log_lines, lambda r: (r["task_index"], r["traj_id"]))
+  rows = [by_key[(i, t.traj_id)] for i, t in usable if (i, t.traj_id) in by_key]
+  kept = [r for r in rows if r["ok"]]
+  tmp = out_path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in kept:
+      f.write(json.dumps({k: r[k] for k in ("prompt", "response", "task_index", "traj_id", "task_id", "success",
+                                            "analyzer")}, ensure_ascii=False) + "\n")
+  os.replace(tmp, out_path)
+  rate = lambda rs: sum(r["ok"] for r in rs) / len(rs) if rs else 0.0
+  stats = {"annotate/analysed": float(len(rows)), "annotate/kept": float(len(kept)), "annotate/keep_rate": rate(rows),
+           "annotate/keep_rate_success": rate([r for r in rows if r["success"]]),
+           "annotate/keep_rate_failure": rate([r for r in rows if not r["success"]]),
+           "annotate/success_share": float(np.mean([r["success"] for r in rows])) if rows else 0.0}
+  stats.update({f"annotate/analyzer_{k}": float(v) for k, v in backend_stats.items()})
+  log.info("annotate: kept %d of %d (keep rate %.3f) -> %s", len(kept), len(rows), stats["annotate/keep_rate"],
+           out_path)
+  return stats
