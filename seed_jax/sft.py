@@ -199,7 +199,7 @@ def make_step_fns(spec: ModelSpec, optimizer: optax.GradientTransformation, cfg:
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, total), _ = jax.lax.scan(body, (zeros, jnp.float32(0)), mbs)
     grads = jax.tree.map(lambda g: g / n_tok, grads)
-    loss, grad_norm = total / n_tok, optax.global_norm(grads)
+    loss, grad_norm = total / n_tok, optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply(s):

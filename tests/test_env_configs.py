@@ -10,7 +10,7 @@ from seed_jax.envs import _MODULES, get_family
 
 REPO = pathlib.Path(__file__).parent.parent
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
-ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate"))
+ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate", "stage1"))
 # env -> (tasks per update B, group size G, max_steps, history_length) of the paper variant
 PAPER = {
     "alfworld": (16, 8, 30, 5),
