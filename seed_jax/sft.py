@@ -127,7 +127,8 @@ def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[in
   for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
     r = next((r for r, f in enumerate(fill) if f + lengths[i] <= capacity), None)
     if r is None:
-      rows.append([]), fill.append(0)
+      rows.append([])
+      fill.append(0)
       r = len(rows) - 1
     rows[r].append(i)
     fill[r] += lengths[i]
@@ -199,7 +200,7 @@ def make_step_fns(spec: ModelSpec, optimizer: optax.GradientTransformation, cfg:
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, total), _ = jax.lax.scan(body, (zeros, jnp.float32(0)), mbs)
     grads = jax.tree.map(lambda g: g / n_tok, grads)
-    loss, grad_norm = total / n_tok, optax.global_norm(grads)
+    loss, grad_norm = total / n_tok, optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply(s):
