@@ -127,7 +127,8 @@ def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[in
   for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
     r = next((r for r, f in enumerate(fill) if f + lengths[i] <= capacity), None)
     if r is None:
-      rows.append([]), fill.append(0)
+      rows.append([])
+      fill.append(0)
       r = len(rows) - 1
     rows[r].append(i)
     fill[r] += lengths[i]

@@ -26,6 +26,7 @@ from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
+from seed_jax.pipeline import tasks_for_update
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 
@@ -152,7 +153,7 @@ def load_trajectories(path: str) -> list[tuple[int, Trajectory]]:
 
 
 def collection_tasks(cfg: ml_collections.ConfigDict) -> list[Task]:
-  from seed_jax.pipeline import tasks_for_update  # the RL task stream: a seeded permutation of the panel
+  """The first collect.num_tasks tasks of the RL task stream (a seeded permutation of the train panel)."""
   panel = get_family(cfg.env.name).tasks(cfg.env, cfg.env.train_split)
   return tasks_for_update(panel, 0, cfg.collect.num_tasks, cfg.seed)
 
@@ -304,9 +305,11 @@ def _write_records(log_lines: list[dict], usable: list[tuple[int, Trajectory]], 
   os.replace(tmp, out_path)
   rate = lambda rs: sum(r["ok"] for r in rs) / len(rs) if rs else 0.0
   stats = {"annotate/analysed": float(len(rows)), "annotate/kept": float(len(kept)), "annotate/keep_rate": rate(rows),
-           "annotate/keep_rate_success": rate([r for r in rows if r["success"]]),
-           "annotate/keep_rate_failure": rate([r for r in rows if not r["success"]]),
            "annotate/success_share": float(np.mean([r["success"] for r in rows])) if rows else 0.0}
+  for kind, success in (("success", True), ("failure", False)):
+    some = [r for r in rows if r["success"] == success]
+    if some:  # absent, not 0, when there is no trajectory of that kind
+      stats[f"annotate/keep_rate_{kind}"] = rate(some)
   stats.update({f"annotate/analyzer_{k}": float(v) for k, v in backend_stats.items()})
   log.info("annotate: kept %d of %d (keep rate %.3f) -> %s", len(kept), len(rows), stats["annotate/keep_rate"],
            out_path)

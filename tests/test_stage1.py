@@ -91,6 +91,7 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   acfg = _cfg("annotate", tiny)
   stats = stage1.annotate(acfg, work)
   assert (stats["annotate/analysed"], stats["annotate/kept"], stats["annotate/keep_rate"]) == (4, 4, 1.0)
+  assert stats["annotate/keep_rate_failure"] == 1.0 and "annotate/keep_rate_success" not in stats
   records = stage1.read_records(os.path.join(work, stage1.RECORDS_FILE))
   assert [(r["task_index"], r["traj_id"], r["analyzer"], r["success"]) for r in records] == [
       (0, 0, "oracle", False), (0, 1, "oracle", False), (1, 0, "oracle", False), (1, 1, "oracle", False)]
