@@ -158,13 +158,23 @@ def _batched_dot(eq, a, b, dtype):
 
 
 def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
+  """Grouped-query attention; keys/values in storage dtype (see `_storage_dtype`)."""
   scale = q_BTKGh.shape[-1] ** -0.5
   if q_BTKGh.shape[1] == 1:
     return _attention_one_query(q_BTKGh * scale, k_BKhS, v_BKSh, mask_BTS, dtype)
-  s_BKGTS = _batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, k_BKhS, dtype)
+  s_BKGTS = _batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, _from_storage(k_BKhS, dtype), dtype)
   s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
   p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
-  return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, v_BKSh, dtype)
+  return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, _from_storage(v_BKSh, dtype), dtype)
+
+
+def _widen(x):
+  """fp32 values of a stored array. uint16 bf16 bits become the high half of fp32 bits by integer ops: a
+  bf16 bitcast there would make XLA:CPU copy the whole cache on every decode step instead of updating it
+  in place."""
+  if x.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.uint32) << 16, jnp.float32)
+  return x.astype(jnp.float32)
 
 
 def _attention_one_query(q_B1KGh, k_BKhS, v_BKSh, mask_B1S, dtype):
@@ -172,12 +182,12 @@ def _attention_one_query(q_B1KGh, k_BKhS, v_BKSh, mask_B1S, dtype):
   XLA:CPU fuses those into one pass over the cache, 2-4x faster than its batched-dot kernel at these sizes.
   Products and sums are fp32 (bf16 operands are widened inside the fusion)."""
   q_BKGh1 = q_B1KGh[:, 0, ..., None].astype(dtype).astype(jnp.float32)
-  s_BKGS = jnp.sum(q_BKGh1 * k_BKhS[:, :, None].astype(jnp.float32), axis=3)
+  s_BKGS = jnp.sum(q_BKGh1 * _widen(k_BKhS)[:, :, None], axis=3)
   s_BKGS = jnp.where(mask_B1S[:, :, None], s_BKGS, _MASKED)
   p_BKGS1 = jax.nn.softmax(s_BKGS, axis=-1)[..., None]
   if jnp.dtype(dtype) != jnp.float32:
     p_BKGS1 = p_BKGS1.astype(dtype).astype(jnp.float32)  # the rounding a bf16 dot applies to its operand
-  o_BKGh = jnp.sum(p_BKGS1 * v_BKSh[:, :, None].astype(jnp.float32), axis=3)
+  o_BKGh = jnp.sum(p_BKGS1 * _widen(v_BKSh)[:, :, None], axis=3)
   return o_BKGh[:, None]
 
 
@@ -210,8 +220,7 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS):
     keys = jax.lax.dynamic_update_slice(cache_k, k_BKhT, (0, 0, 0, end))
     values = jax.lax.dynamic_update_slice(cache_v, v_BKTh, (0, 0, end, 0))
     kv = (keys, values)
-  o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), _from_storage(keys, dtype), _from_storage(values, dtype),
-                       mask_BTS, dtype)
+  o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), keys, values, mask_BTS, dtype)
   x_BTD = x_BTD + _dot("btnh,nhd->btd", o_BTKGh.reshape(B, T, spec.n_heads, -1), w["wo"], dtype).astype(x_BTD.dtype)
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], spec.rms_eps)
   gate_BTF = _dot("btd,df->btf", h_BTD, w["w_gate"], dtype)
