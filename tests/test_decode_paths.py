@@ -33,7 +33,8 @@ def test_prefill_then_decode_with_split_weights_equals_full_forward():
   assert cache.v[0].shape == (3, 2, 12, 16) and not np.asarray(cache.k[1])[..., 7:].any()
   outs = [tf.logits_from_hidden(PARAMS, SPEC, h)]
   split = tf.decode_params(PARAMS, jnp.float32)
-  assert isinstance(split["layers"], tuple) and split["layers"][2]["wq"].shape == (64, 6, 16)
+  assert isinstance(split["layers"], tuple) and split["layers"][2]["wqkv"].shape == (64, (6 + 2 + 2) * 16)
+  assert split["layers"][0]["w_gate_up"].shape == (64, 2 * 96) and split["layers"][0]["bqkv"].shape == (160,)
   for t in range(7, 10):
     h, cache = tf.forward(split, SPEC, tokens[:, t:t + 1], pos[:, t:t + 1], seg[:, t:t + 1], cache)
     outs.append(tf.logits_from_hidden(PARAMS, SPEC, h))

@@ -202,11 +202,18 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS):
   K, G = spec.n_kv_heads, spec.n_heads // spec.n_kv_heads
   w = {name: _from_storage(a, dtype) if a.dtype == jnp.uint16 else a for name, a in w.items()}
   h_BTD = rms_norm(x_BTD, w["attn_norm"], spec.rms_eps)
-  q_BTHh = _dot("btd,dnh->btnh", h_BTD, w["wq"], dtype)
-  k_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wk"], dtype)
-  v_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wv"], dtype)
-  if spec.qkv_bias:
-    q_BTHh, k_BTKh, v_BTKh = q_BTHh + w["bq"], k_BTKh + w["bk"], v_BTKh + w["bv"]
+  if "wqkv" in w:  # fused by `decode_params`
+    qkv_BTF = _dot("btd,df->btf", h_BTD, w["wqkv"], dtype)
+    if spec.qkv_bias:
+      qkv_BTF = qkv_BTF + w["bqkv"]
+    q_BTF, k_BTF, v_BTF = jnp.split(qkv_BTF, [spec.n_heads * spec.head_dim, (spec.n_heads + K) * spec.head_dim], -1)
+    q_BTHh, k_BTKh, v_BTKh = (a.reshape(B, T, -1, spec.head_dim) for a in (q_BTF, k_BTF, v_BTF))
+  else:
+    q_BTHh = _dot("btd,dnh->btnh", h_BTD, w["wq"], dtype)
+    k_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wk"], dtype)
+    v_BTKh = _dot("btd,dnh->btnh", h_BTD, w["wv"], dtype)
+    if spec.qkv_bias:
+      q_BTHh, k_BTKh, v_BTKh = q_BTHh + w["bq"], k_BTKh + w["bk"], v_BTKh + w["bv"]
   if spec.qk_norm:
     q_BTHh, k_BTKh = rms_norm(q_BTHh, w["q_norm"], spec.rms_eps), rms_norm(k_BTKh, w["k_norm"], spec.rms_eps)
   q_BTHh, k_BTKh = rope(q_BTHh, cos_BTh, sin_BTh), rope(k_BTKh, cos_BTh, sin_BTh)
@@ -221,10 +228,14 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS):
     values = jax.lax.dynamic_update_slice(cache_v, v_BKTh, (0, 0, end, 0))
     kv = (keys, values)
   o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), keys, values, mask_BTS, dtype)
-  x_BTD = x_BTD + _dot("btnh,nhd->btd", o_BTKGh.reshape(B, T, spec.n_heads, -1), w["wo"], dtype).astype(x_BTD.dtype)
+  wo_FD = w["wo"].reshape(-1, x_BTD.shape[-1])  # [heads * head_dim, D]: one contraction, no relayout
+  x_BTD = x_BTD + _dot("btf,fd->btd", o_BTKGh.reshape(B, T, -1), wo_FD, dtype).astype(x_BTD.dtype)
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], spec.rms_eps)
-  gate_BTF = _dot("btd,df->btf", h_BTD, w["w_gate"], dtype)
-  up_BTF = _dot("btd,df->btf", h_BTD, w["w_up"], dtype)
+  if "w_gate_up" in w:  # fused by `decode_params`
+    gate_BTF, up_BTF = jnp.split(_dot("btd,df->btf", h_BTD, w["w_gate_up"], dtype), 2, axis=-1)
+  else:
+    gate_BTF = _dot("btd,df->btf", h_BTD, w["w_gate"], dtype)
+    up_BTF = _dot("btd,df->btf", h_BTD, w["w_up"], dtype)
   act_BTF = constrain(jax.nn.silu(gate_BTF) * up_BTF, ("batch", "length", "mlp"))
   x_BTD = x_BTD + _dot("btf,fd->btd", act_BTF, w["w_down"], dtype).astype(x_BTD.dtype)
   return constrain(x_BTD, ("batch", "length", "embed")), kv
@@ -337,9 +348,18 @@ def unstack_layers(layers: Params) -> tuple[Params, ...]:
 
 
 def decode_params(params: Params, dtype) -> Params:
-  """Params for a loop of cached forwards (decoding): cast to the compute dtype and split per layer once,
-  outside the loop, so no step casts or slices the weights."""
-  return {**params, "layers": unstack_layers(_cast_layers(params["layers"], dtype))}
+  """Params for a loop of cached forwards (decoding), prepared once outside the loop: weights cast to the
+  compute dtype, split per layer (no step slices a stacked array), q/k/v and gate/up each fused into one
+  matrix and wo flattened to [heads * head_dim, D] (one weight pass per group at decode's few rows)."""
+  layers = dict(_cast_layers(params["layers"], dtype))
+  L, D = layers["wq"].shape[:2]
+  flat = lambda name: layers.pop(name).reshape(L, D, -1)
+  layers["wqkv"] = jnp.concatenate([flat("wq"), flat("wk"), flat("wv")], axis=-1)
+  layers["w_gate_up"] = jnp.concatenate([layers.pop("w_gate"), layers.pop("w_up")], axis=-1)
+  layers["wo"] = layers["wo"].reshape(L, -1, D)
+  if "bq" in layers:
+    layers["bqkv"] = jnp.concatenate([layers.pop(b).reshape(L, -1) for b in ("bq", "bk", "bv")], axis=-1)
+  return {**params, "layers": unstack_layers(layers)}
 
 
 def left_pad_positions(valid_BT):
