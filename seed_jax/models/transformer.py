@@ -158,7 +158,7 @@ def _batched_dot(eq, a, b, dtype):
 
 
 def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
-  """Grouped-query attention; keys/values in storage dtype (see `_storage_dtype`)."""
+  """Grouped-query attention over a cache; keys/values in storage dtype (see `_storage_dtype`)."""
   scale = q_BTKGh.shape[-1] ** -0.5
   if q_BTKGh.shape[1] == 1:
     return _attention_one_query(q_BTKGh * scale, k_BKhS, v_BKSh, mask_BTS, dtype)
@@ -166,6 +166,25 @@ def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
   s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
   p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
   return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, _from_storage(v_BKSh, dtype), dtype)
+
+
+_QUERY_BLOCK = 128
+
+
+def _causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype):
+  """Attention among this call's own tokens (no cache). Queries go in blocks of _QUERY_BLOCK, each against
+  only the keys up to its last position: the causal mask hides the rest, so this skips most of the masked
+  upper triangle (10/16 of the work at 512 tokens) and keeps each block's scores small."""
+  T = q_BTKGh.shape[1]
+  scale = q_BTKGh.shape[-1] ** -0.5
+  out = []
+  for t0 in range(0, T, _QUERY_BLOCK):
+    t1 = min(t0 + _QUERY_BLOCK, T)
+    s_BKGtS = _batched_dot("btkgh,bskh->bkgts", q_BTKGh[:, t0:t1] * scale, k_BTKh[:, :t1], dtype)
+    s_BKGtS = jnp.where(mask_BTS[:, None, None, t0:t1, :t1], s_BKGtS, _MASKED)
+    p_BKGtS = jax.nn.softmax(s_BKGtS, axis=-1)
+    out.append(_batched_dot("bkgts,bskh->btkgh", p_BKGtS, v_BTKh[:, :t1], dtype))
+  return jnp.concatenate(out, axis=1)
 
 
 def _widen(x):
@@ -221,13 +240,13 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS):
   k_BKhT = _to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
   v_BKTh = _to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
   if kv is None:
-    keys, values, kv = k_BKhT, v_BKTh, (k_BKhT, v_BKTh)
+    o_BTKGh = _causal_attention(q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, mask_BTS, dtype)
+    kv = (k_BKhT, v_BKTh)
   else:
     cache_k, cache_v, end = kv
-    keys = jax.lax.dynamic_update_slice(cache_k, k_BKhT, (0, 0, 0, end))
-    values = jax.lax.dynamic_update_slice(cache_v, v_BKTh, (0, 0, end, 0))
-    kv = (keys, values)
-  o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), keys, values, mask_BTS, dtype)
+    kv = (jax.lax.dynamic_update_slice(cache_k, k_BKhT, (0, 0, 0, end)),
+          jax.lax.dynamic_update_slice(cache_v, v_BKTh, (0, 0, end, 0)))
+    o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), *kv, mask_BTS, dtype)
   wo_FD = w["wo"].reshape(-1, x_BTD.shape[-1])  # [heads * head_dim, D]: one contraction, no relayout
   x_BTD = x_BTD + _dot("btf,fd->btd", o_BTKGh.reshape(B, T, -1), wo_FD, dtype).astype(x_BTD.dtype)
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], spec.rms_eps)
