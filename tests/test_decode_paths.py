@@ -33,7 +33,8 @@ def test_prefill_then_decode_with_split_weights_equals_full_forward():
   assert cache.v[0].shape == (3, 2, 12, 16) and not np.asarray(cache.k[1])[..., 7:].any()
   outs = [tf.logits_from_hidden(PARAMS, SPEC, h)]
   split = tf.decode_params(PARAMS, jnp.float32)
-  assert isinstance(split["layers"], tuple) and split["layers"][2]["wq"].shape == (64, 6, 16)
+  assert isinstance(split["layers"], tuple) and split["layers"][2]["wqkv"].shape == (64, (6 + 2 + 2) * 16)
+  assert split["layers"][0]["w_gate_up"].shape == (64, 2 * 96) and split["layers"][0]["bqkv"].shape == (160,)
   for t in range(7, 10):
     h, cache = tf.forward(split, SPEC, tokens[:, t:t + 1], pos[:, t:t + 1], seg[:, t:t + 1], cache)
     outs.append(tf.logits_from_hidden(PARAMS, SPEC, h))
@@ -71,3 +72,28 @@ def test_one_query_attention_equals_reference(dtype, tol):
   two = np.asarray(tf._attention(cast(np.repeat(q, 2, 1)), cast(k), cast(v), jnp.asarray(np.repeat(mask, 2, 1)),
                                  dtype), np.float32)
   assert np.abs(two[:, 0] - out[:, 0]).max() <= tol
+
+
+def test_blocked_causal_attention_equals_reference_across_blocks():
+  # 300 tokens: three query blocks of 128/128/44; row 0 is left-padded, row 1 packs two segments.
+  rng = np.random.default_rng(2)
+  B, T, K, G, h = 2, 300, 1, 2, 8
+  assert T > 2 * tf._QUERY_BLOCK
+  q = rng.normal(size=(B, T, K, G, h)).astype(np.float32)
+  k = rng.normal(size=(B, T, K, h)).astype(np.float32)
+  v = rng.normal(size=(B, T, K, h)).astype(np.float32)
+  seg = np.ones((B, T), np.int32)
+  seg[0, :50] = 0
+  seg[1, 150:] = 2
+  t = np.arange(T)
+  mask = (t[None, :, None] >= t[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+  out = np.asarray(tf._causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask), jnp.float32))
+  for b in range(B):
+    for r in (0, 127, 128, 151, 299):  # block edges and the first tokens of a segment
+      if seg[b, r] == 0:
+        continue
+      ref = _reference_attention(q[b:b + 1, r, :, :, :], k[b:b + 1].transpose(0, 2, 3, 1), v[b:b + 1].transpose(0, 2, 1, 3),
+                                 mask[b:b + 1, r])
+      assert np.abs(out[b, r] - ref[0]).max() <= 1e-5, (b, r)
+  # Token 150 of row 1 starts segment 2: it sees only itself, so its output is its own value.
+  np.testing.assert_allclose(out[1, 150, 0], np.repeat(v[1, 150, 0][None], G, 0), atol=1e-6)
