@@ -8,7 +8,8 @@ config.mesh with --devices (default: the attached devices). Every array is sized
 rules table the run uses (infra/mesh.py), so an axis the mesh does not divide counts as replicated.
 
 Activations follow the code: the residual stream and everything after a matmul is fp32 (only weights are
-cast), attention is materialized as [rows, heads, queries, keys] scores, and the vocabulary projection runs
+cast), attention is materialized as [rows, heads, queries, keys] scores (with a cache) or in causal query blocks
+(without), and the vocabulary projection runs
 `rescore.vocab_chunk` response positions at a time. They are estimates (XLA fuses and reuses buffers); the
 CPU test checks the update's against XLA's own buffer assignment. Prints a table and one JSON line.
 """
@@ -113,17 +114,27 @@ def kv_cache_bytes(spec: ModelSpec, rows: int, length: int, mesh: dict[str, int]
   return k + v
 
 
-def layer_activation_bytes(spec: ModelSpec, rows: int, queries: int, keys: int, mesh: dict[str, int]) -> int:
+def causal_score_columns(tokens: int) -> int:
+  """Score entries per row and head of a cache-less forward, which attends in query blocks each against
+  the keys up to its last position (transformer._causal_attention): about the lower triangle."""
+  block = transformer._QUERY_BLOCK
+  return sum(min(block, tokens - t0) * min(t0 + block, tokens) for t0 in range(0, tokens, block))
+
+
+def layer_activation_bytes(spec: ModelSpec, rows: int, queries: int, keys: int | None, mesh: dict[str, int]) -> int:
   """fp32 intermediates of one transformer block (transformer._layer) that its backward pass reads: the
   block input and both norms' outputs, q/k/v (before and after RoPE), attention scores and probabilities,
-  the attention output, and the MLP's gate, up and product."""
+  the attention output, and the MLP's gate, up and product. `keys=None`: a cache-less causal forward."""
   B, T, S = rows, queries, keys
   D, H, K, hd, F = spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim
   b = lambda shape, axes: shard_bytes(shape, axes, mesh)
   hidden = b((B, T, D), ("batch", "length", None))
   q = b((B, T, H, hd), ("batch", "length", "heads", "head_dim"))
   kv = b((B, T, K, hd), ("batch", "length", "kv_heads", "head_dim"))
-  scores = b((B, H, T, S), ("batch", "heads", "length", "cache_length"))
+  if S is None:
+    scores = b((B, H, causal_score_columns(T)), ("batch", "heads", None))
+  else:
+    scores = b((B, H, T, S), ("batch", "heads", "length", "cache_length"))
   mlp = b((B, T, F), ("batch", "length", "mlp"))
   return 4 * hidden + 3 * q + 4 * kv + 2 * scores + 3 * mlp
 
@@ -176,7 +187,7 @@ class Workload:
 def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], remat: bool) -> int:
   """Peak activations of one micro-batch's forward + backward (update.micro_loss)."""
   B, T, R = w.micro_rows, w.prompt + w.response, w.response
-  layer = layer_activation_bytes(spec, B, T, T, mesh)
+  layer = layer_activation_bytes(spec, B, T, None, mesh)
   block_input = shard_bytes((B, T, spec.dim), ("batch", "length", None), mesh)
   chunk = min(w.vocab_chunk, R)
   if remat:  # saved: each block's input; live in the backward: one block recomputed plus its cotangents
@@ -200,8 +211,7 @@ def plan(spec: ModelSpec, mesh: dict[str, int], w: Workload, device_memory: int 
                                           w.sample_itemsize) if w.analysis_rows else 0,
       "prefill_activations_analysis": layer_activation_bytes(spec, w.analysis_rows, w.analysis_prompt,
                                                  w.analysis_prompt + w.analysis_new, mesh) if w.analysis_rows else 0,
-      "rescore_activations": layer_activation_bytes(spec, w.rescore_rows, w.prompt + w.response,
-                                                    w.prompt + w.response, mesh)
+      "rescore_activations": layer_activation_bytes(spec, w.rescore_rows, w.prompt + w.response, None, mesh)
                              + logits_bytes(spec, w.rescore_rows, min(w.vocab_chunk, w.response), mesh),
       "update_activations_remat": update_activation_bytes(spec, w, mesh, remat=True),
       "update_activations_no_remat": update_activation_bytes(spec, w, mesh, remat=False),
