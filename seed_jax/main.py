@@ -50,6 +50,9 @@ def run_stage1(cfg) -> None:
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:  # Orbax and JAX log every checkpoint step and backend probe at INFO
+    for name in ("absl", "jax"):
+      logging.getLogger(name).setLevel(logging.WARNING)
   from seed_jax.config import validate
   cfg = _CONFIG.value
   try:

@@ -254,6 +254,16 @@ def fingerprint(cfg) -> dict[str, Any]:
                                            "rollout.group_size", "learner.minibatch_size", "learner.micro_batch_size"])
 
 
+def summary_line(u: int, total: int, m: dict[str, Any]) -> str:
+  """One log line per update: the outcome, the distillation signal and where the time went."""
+  get = lambda k: m.get(k) if isinstance(m.get(k), (int, float)) else float("nan")
+  times = " ".join(f"{k[5:-2]} {get(k):.0f}s" for k in ("time/rollout_s", "time/analysis_s", "time/rescore_s",
+                                                          "time/update_s", "time/eval_s") if k in m)
+  return (f"update {u + 1}/{total}: return {get('rollout/return'):.3f} success {get('rollout/success'):.3f} "
+          f"invalid {get('rollout/invalid_action_rate'):.2f} skill-parse {get('analysis/parse_rate'):.2f} "
+          f"opd-tokens {get('update/opd_tokens'):.0f} loss {get('update/loss'):.4f} | {times}")
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The resumable RL loop; returns the last update's metrics (and the final eval's)."""
   os.makedirs(workdir, exist_ok=True)
@@ -280,6 +290,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         metrics["time/eval_s"] = time.time() - t1
       metrics["time/update_total_s"] = time.time() - t0
       last = writer.write(u, metrics)
+      log.info("%s", summary_line(u, cfg.train.num_updates, last))
       history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
       ckpt.save(u + 1, state, metadata=dict(next_update=u + 1, task_position=(u + 1) * cfg.rollout.tasks_per_update,
                                             history=history), force=u + 1 == cfg.train.num_updates)

@@ -108,6 +108,10 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
     assert r["opd/analyzed_row_frac"] == pytest.approx(n_ok / n_rows)
     assert r["analysis/parse_rate"] == pytest.approx(len(ok) / 4)
     assert r["update/opd_tokens"] > 0 if ok else r["update/opd_tokens"] == 0
+  line = pipeline.summary_line(1, 2, rows[1])
+  assert line.startswith(f"update 2/2: return {rows[1]['rollout/return']:.3f} success {rows[1]['rollout/success']:.3f} ")
+  assert f"skill-parse {rows[1]['analysis/parse_rate']:.2f} opd-tokens {rows[1]['update/opd_tokens']:.0f} " in line
+  assert f"| rollout {rows[1]['time/rollout_s']:.0f}s analysis " in line and "nan" not in line
 
 
 def test_resume_after_interruption_equals_uninterrupted_run(full_run, tiny_model_dir, analyst_url, tmp_path):
