@@ -117,7 +117,7 @@ def kv_cache_bytes(spec: ModelSpec, rows: int, length: int, mesh: dict[str, int]
 def causal_score_columns(tokens: int) -> int:
   """Score entries per row and head of a cache-less forward, which attends in query blocks each against
   the keys up to its last position (transformer._causal_attention): about the lower triangle."""
-  block = transformer._QUERY_BLOCK
+  block = transformer.QUERY_BLOCK
   return sum(min(block, tokens - t0) * min(t0 + block, tokens) for t0 in range(0, tokens, block))
 
 
@@ -205,12 +205,12 @@ def plan(spec: ModelSpec, mesh: dict[str, int], w: Workload, device_memory: int 
       "reference_params": p if w.reference_on_device else 0,
       "sampler_cast_weights": matmul_weight_bytes(spec, mesh, w.sample_itemsize) if w.sample_itemsize < F32 else 0,
       "kv_cache_rollout": kv_cache_bytes(spec, w.sample_rows, w.sample_prompt + w.sample_new, mesh, w.sample_itemsize),
-      "prefill_activations_rollout": layer_activation_bytes(spec, w.sample_rows, w.sample_prompt,
-                                                w.sample_prompt + w.sample_new, mesh),
+      # The prefill is a cache-less forward over the prompt (transformer.prefill); decoding adds one query.
+      "prefill_activations_rollout": layer_activation_bytes(spec, w.sample_rows, w.sample_prompt, None, mesh),
       "kv_cache_analysis": kv_cache_bytes(spec, w.analysis_rows, w.analysis_prompt + w.analysis_new, mesh,
                                           w.sample_itemsize) if w.analysis_rows else 0,
-      "prefill_activations_analysis": layer_activation_bytes(spec, w.analysis_rows, w.analysis_prompt,
-                                                 w.analysis_prompt + w.analysis_new, mesh) if w.analysis_rows else 0,
+      "prefill_activations_analysis": (layer_activation_bytes(spec, w.analysis_rows, w.analysis_prompt, None, mesh)
+                                       if w.analysis_rows else 0),
       "rescore_activations": layer_activation_bytes(spec, w.rescore_rows, w.prompt + w.response, None, mesh)
                              + logits_bytes(spec, w.rescore_rows, min(w.vocab_chunk, w.response), mesh),
       "update_activations_remat": update_activation_bytes(spec, w, mesh, remat=True),

@@ -78,7 +78,7 @@ def test_blocked_causal_attention_equals_reference_across_blocks():
   # 300 tokens: three query blocks of 128/128/44; row 0 is left-padded, row 1 packs two segments.
   rng = np.random.default_rng(2)
   B, T, K, G, h = 2, 300, 1, 2, 8
-  assert T > 2 * tf._QUERY_BLOCK
+  assert T > 2 * tf.QUERY_BLOCK
   q = rng.normal(size=(B, T, K, G, h)).astype(np.float32)
   k = rng.normal(size=(B, T, K, h)).astype(np.float32)
   v = rng.normal(size=(B, T, K, h)).astype(np.float32)

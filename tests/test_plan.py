@@ -1,5 +1,6 @@
 """The memory planner: published model sizes, exact weight/optimizer bytes per device against the real sharded
 arrays, update-step activations against XLA's buffer assignment, and the command line from a bare config.json."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -78,6 +79,20 @@ def test_planned_update_temporaries_match_xla(remat):
   planned = out["phases"]["update"] - out["items"]["params"] - out["items"]["optimizer"]
   ratio = planned / measured.temp_size_in_bytes
   print(f"remat={remat}: planned {planned} B, XLA temp {measured.temp_size_in_bytes} B, ratio {ratio:.2f}")
+  assert ACTIVATION_TOLERANCE[0] <= ratio <= ACTIVATION_TOLERANCE[1]
+
+
+@pytest.mark.parametrize("rows,prompt", [(8, 512), (4, 1024)])
+def test_planned_prefill_activations_match_xla(rows, prompt):
+  # Generation's prefill is a cache-less forward over the prompt only: no [queries, prompt + new] scores.
+  params = jax.tree.map(jnp.asarray, numpy_params(SPEC))
+  tokens = jnp.zeros((rows, prompt), jnp.int32)
+  fn = jax.jit(lambda p, t, pos, seg: tf.prefill(p, SPEC, t, pos, seg, prompt + 128))
+  measured = fn.lower(params, tokens, jnp.broadcast_to(jnp.arange(prompt), tokens.shape), tokens + 1).compile()
+  w = dataclasses.replace(_workload(remat=False), sample_rows=rows, sample_prompt=prompt, sample_new=128)
+  planned = plan.plan(SPEC, {"data": 1, "fsdp": 1, "tensor": 1}, w)["items"]["prefill_activations_rollout"]
+  ratio = planned / measured.memory_analysis().temp_size_in_bytes
+  print(f"prefill {rows}x{prompt}: planned {planned} B, ratio {ratio:.2f}")
   assert ACTIVATION_TOLERANCE[0] <= ratio <= ACTIVATION_TOLERANCE[1]
 
 

@@ -168,18 +168,18 @@ def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
   return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, _from_storage(v_BKSh, dtype), dtype)
 
 
-_QUERY_BLOCK = 128
+QUERY_BLOCK = 128
 
 
 def _causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype):
-  """Attention among this call's own tokens (no cache). Queries go in blocks of _QUERY_BLOCK, each against
+  """Attention among this call's own tokens (no cache). Queries go in blocks of QUERY_BLOCK, each against
   only the keys up to its last position: the causal mask hides the rest, so this skips most of the masked
   upper triangle (10/16 of the work at 512 tokens) and keeps each block's scores small."""
   T = q_BTKGh.shape[1]
   scale = q_BTKGh.shape[-1] ** -0.5
   out = []
-  for t0 in range(0, T, _QUERY_BLOCK):
-    t1 = min(t0 + _QUERY_BLOCK, T)
+  for t0 in range(0, T, QUERY_BLOCK):
+    t1 = min(t0 + QUERY_BLOCK, T)
     s_BKGtS = _batched_dot("btkgh,bskh->bkgts", q_BTKGh[:, t0:t1] * scale, k_BTKh[:, :t1], dtype)
     s_BKGtS = jnp.where(mask_BTS[:, None, None, t0:t1, :t1], s_BKGtS, _MASKED)
     p_BKGtS = jax.nn.softmax(s_BKGtS, axis=-1)
