@@ -128,7 +128,7 @@ def test_observations():
 
 
 def test_parse_action_and_prompt():
-  parse = ezpoints.parse_ezpoints_action
+  parse = lambda r, require_think=True: ezpoints.parse_action(r, _env(require_think=require_think)[1])
   assert parse("<think>10+2</think><action>10</action>") == base.ParsedAction("10", True)
   assert parse("<think>t</think><action> '+' </action>") == base.ParsedAction("+", True)
   assert parse("<think>t</think><action>-</action>").reason == "not_admissible"

@@ -204,8 +204,14 @@ def test_wrong_answer_and_turn_limit(cfg):
   assert env.step(env.gold_actions()[0]).reward == 10.0
 
 
+def _parse(response: str, think: bool = False) -> base.ParsedAction:
+  c = search.default_config()
+  c.require_think = think
+  return search.parse_action(response, c)
+
+
 def test_malformed_outputs_are_invalid(cfg):
-  parse = lambda s, think=False: search.parse_search_action(s, think)
+  parse = _parse
   assert parse("I think it is Paris") == base.ParsedAction("i think it is paris", False, "no_action_tags")
   assert parse("<answer>Paris") .reason == "no_action_tags"
   both = parse("<search>eiffel</search> <answer>Paris</answer>")

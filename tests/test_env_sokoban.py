@@ -119,7 +119,7 @@ def test_image_observation():
 
 
 def test_parse_action():
-  parse = sokoban.parse_sokoban_action
+  parse = lambda r, require_think=True: sokoban.parse_action(r, _env(require_think=require_think)[1])
   assert parse("<think>box is right</think><action>Right</action>") == base.ParsedAction("right", True)
   assert parse("<think>t</think><action> move up. </action>") == base.ParsedAction("up", True)
   assert parse("<think>t</think><action>up or down</action>").reason == "not_admissible"

@@ -1,11 +1,13 @@
 """Pool faults on real TextWorldExpress JVMs: killed and hung workers, shutdown with no survivors."""
 import os
+import pickle
 import signal
 import time
 
 import pytest
 
 from envs_helpers import live_processes_in_groups, wait_until_gone
+from seed_jax.envs import _MODULES, get_family
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import EnvError, Observation, StepResult
 from seed_jax.envs.pool import EnvPool
@@ -19,6 +21,15 @@ def cfg():
 @pytest.fixture(scope="module")
 def tasks(cfg):
   return twx.task_panel(cfg, "eval")[:2]
+
+
+def test_every_family_pickles_by_reference():
+  # The pool sends the family to each spawned worker; its functions must resolve to the module's own.
+  for name in _MODULES:
+    family = get_family(name)
+    copy = pickle.loads(pickle.dumps(family))
+    assert copy == family and copy.name == name
+    assert all(getattr(copy, f) is getattr(family, f) for f in ("make_env", "tasks", "render_prompt", "parse_action"))
 
 
 def _jvms(pgids):

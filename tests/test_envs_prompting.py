@@ -91,7 +91,7 @@ def test_family_prompts_have_task_and_turn_lines():
   obs_twx = Observation("You are in the kitchen.", "Your task is to find the coin.", ["look around", "take coin"])
   obs_sw = Observation("This room is called the hallway.", "Your task is to boil water.", ["look around", "open OBJ"],
                        {"objects": ["door to kitchen", "air"]})
-  for fam, obs in ((textworld_express.FAMILY, obs_twx), (sciworld.SciWorldFamily(), obs_sw)):
+  for fam, obs in ((textworld_express.FAMILY, obs_twx), (sciworld.FAMILY, obs_sw)):
     cfg = (textworld_express if fam.name == "textworld_express" else sciworld).default_config()
     prompt = fam.render_prompt(obs.task_description, _history(9), obs, cfg)
     lines = prompt.split("\n")

@@ -82,10 +82,10 @@ def _is_playable(trial_dir: str, rel: str) -> str | None:
   return task_type
 
 
-def list_tasks(root: str, split: str) -> list[base.Task]:
+def task_panel(cfg: Any, split: str) -> list[base.Task]:
   if split not in SPLITS:
     raise ValueError(f"alfworld split={split!r}; expected one of {SPLITS}")
-  split_dir = os.path.join(root, GAMES_DIR, split)
+  split_dir = os.path.join(data_root(cfg), GAMES_DIR, split)
   if not os.path.isdir(split_dir):
     raise FileNotFoundError(f"ALFWorld split folder {split_dir} does not exist. {_DOWNLOAD_HINT}")
   tasks = []
@@ -155,25 +155,22 @@ class AlfworldEnv:
 INTRO = "You are an expert agent operating in the ALFRED Embodied Environment, a text-based household."
 
 
-class _Alfworld:
-  name = NAME
-
-  def make_env(self, cfg: Any) -> AlfworldEnv:
-    return AlfworldEnv(cfg)
-
-  def tasks(self, cfg: Any, split: str) -> list[base.Task]:
-    return list_tasks(data_root(cfg), split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                    cfg: Any) -> str:
-    choices = [f"Your admissible actions: {', '.join(obs.admissible or [])}"]
-    return prompting.render_step_prompt(
-        intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
-        history_length=cfg.history_length, require_think=cfg.require_think,
-        history_obs_chars=cfg.history_obs_chars)
-
-  def parse_action(self, response: str, cfg: Any) -> base.ParsedAction:
-    return prompting.parse_action(response, cfg.require_think)
+def make_env(cfg: Any) -> AlfworldEnv:
+  return AlfworldEnv(cfg)
 
 
-FAMILY = _Alfworld()
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                  cfg: Any) -> str:
+  choices = [f"Your admissible actions: {', '.join(obs.admissible or [])}"]
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
+      history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars)
+
+
+def parse_action(response: str, cfg: Any) -> base.ParsedAction:
+  return prompting.parse_action(response, cfg.require_think)
+
+
+FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                        parse_action=parse_action)

@@ -1,13 +1,14 @@
 """Host-side types shared by every environment, the rollout loop, the analyzer and the pipeline.
 
-An environment file owns: its simulator adapter (an `Env`), its task panels (`tasks`), how an observation is
-rendered into a single-turn prompt (`render_prompt`), how a model response becomes an action
-(`parse_action`) and its success rule. The rest of seed_jax only sees the types below.
+An environment file owns: its simulator adapter (an `Env`), its task panels (`task_panel`), how an observation
+is rendered into a single-turn prompt (`render_prompt`), how a model response becomes an action
+(`parse_action`) and its success rule, gathered in one `EnvFamily`. The rest of seed_jax only sees the types
+below.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 # Why an episode ended. Only "done" and "max_steps" episodes enter the advantages; "env_error" episodes are
 # excluded (and counted), "context_overflow" ends an episode whose prompt cannot fit even after truncation.
@@ -135,23 +136,22 @@ class Env(Protocol):
   def close(self) -> None: ...
 
 
-class EnvFamily(Protocol):
-  """Everything specific to one environment, as a module-level object in its envs/<name>.py file."""
+@dataclasses.dataclass(frozen=True)
+class EnvFamily:
+  """Everything specific to one environment: the `FAMILY` object at the end of its envs/<name>.py file.
 
+  The fields are that file's module-level functions make_env, task_panel, render_prompt and parse_action, so
+  the object pickles by reference into the pool's worker processes. `cfg` is always the env config
+  (cfg.env of a run).
+  """
   name: str
-
-  def make_env(self, cfg: Any) -> Env:
-    """Builds a fresh simulator; must be picklable-free (called inside a worker process)."""
-    ...
-
-  def tasks(self, cfg: Any, split: str) -> list[Task]:
-    """A fixed, ordered task panel: identical on every run, host and process count."""
-    ...
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: Observation,
-                    cfg: Any) -> str:
-    """The user message for one step: task line, the last `history_length` (observation, action) pairs,
-    the current observation, admissible actions, and the answer-format instruction."""
-    ...
-
-  def parse_action(self, response: str, cfg: Any) -> ParsedAction: ...
+  # Builds a fresh simulator; called inside a worker process.
+  make_env: Callable[[Any], Env]
+  # (cfg, split) -> a fixed, ordered task panel: identical on every run, host and process count.
+  tasks: Callable[[Any, str], list[Task]]
+  # (task_description, history, obs, cfg) -> the user message for one step: task line, the last
+  # `history_length` (observation, action) pairs, the current observation, admissible actions and the
+  # answer-format instruction.
+  render_prompt: Callable[[str, Sequence[tuple[str, str]], Observation, Any], str]
+  # (response, cfg) -> the action sent to the env, and whether it counts as valid.
+  parse_action: Callable[[str, Any], ParsedAction]

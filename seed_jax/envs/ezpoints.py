@@ -256,13 +256,13 @@ def _token(text: str) -> str | None:
   return tok if tok in VOCAB else None
 
 
-def parse_ezpoints_action(response: str, require_think: bool = True) -> base.ParsedAction:
+def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
   """The shared parse, then valid only if the action is one token of the vocabulary."""
-  return prompting.restrict(prompting.parse_action(response, require_think), _token)
+  return prompting.restrict(prompting.parse_action(response, cfg.require_think), _token)
 
 
-def render_ezpoints_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                           cfg: ml_collections.ConfigDict) -> str:
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                  cfg: ml_collections.ConfigDict) -> str:
   # The image shows the cards and the formula; the formula line is kept as text.
   current = obs.text if cfg.observation == "text" else "<image>\n" + obs.text.splitlines()[-1]
   return prompting.render_step_prompt(
@@ -271,7 +271,7 @@ def render_ezpoints_prompt(task_description: str, history: Sequence[tuple[str, s
       require_think=cfg.require_think, history_obs_chars=cfg.history_obs_chars)
 
 
-def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   sizes = {"train": (cfg.num_train_tasks, cfg.train_seed_offset), "test": (cfg.num_test_tasks, cfg.test_seed_offset)}
   if split not in sizes:
     raise ValueError(f"ezpoints split must be 'train' or 'test', got {split!r}")
@@ -285,25 +285,12 @@ def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   return tasks
 
 
-class EZPointsFamily:
-  """The EZPoints EnvFamily; `cfg` everywhere is this module's default_config() shape."""
-  name = NAME
-
-  def make_env(self, cfg: ml_collections.ConfigDict) -> EZPointsEnv:
-    if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
-      raise ValueError(f"ezpoints observation must be 'text' or 'image' (which needs render_image=True), got "
-                       f"observation={cfg.observation!r}, render_image={cfg.render_image}")
-    return EZPointsEnv(cfg)
-
-  def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
-    return build_tasks(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                    cfg: ml_collections.ConfigDict) -> str:
-    return render_ezpoints_prompt(task_description, history, obs, cfg)
-
-  def parse_action(self, response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
-    return parse_ezpoints_action(response, cfg.require_think)
+def make_env(cfg: ml_collections.ConfigDict) -> EZPointsEnv:
+  if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
+    raise ValueError(f"ezpoints observation must be 'text' or 'image' (which needs render_image=True), got "
+                     f"observation={cfg.observation!r}, render_image={cfg.render_image}")
+  return EZPointsEnv(cfg)
 
 
-FAMILY = EZPointsFamily()
+FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                        parse_action=parse_action)

@@ -12,7 +12,6 @@ object combinations (which cost ~40 ms per step to list).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -21,7 +20,7 @@ from typing import Any, Iterator, Sequence
 import ml_collections
 
 from seed_jax.envs import prompting
-from seed_jax.envs.base import Observation, ParsedAction, StepResult, Task
+from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
 
 # (train, dev, test) variation counts per task type in scienceworld 1.2.3; each split is a contiguous range
 # of variation ids in that order (tests check this table against the JVM). Panels never need a JVM.
@@ -237,27 +236,22 @@ class SciWorldEnv:
                        info={"objects": objects})
 
 
-@dataclasses.dataclass(frozen=True)
-class SciWorldFamily:
-  name: str = "sciworld"
-
-  def make_env(self, cfg: Any) -> SciWorldEnv:
-    return SciWorldEnv(cfg)
-
-  def tasks(self, cfg: Any, split: str) -> list[Task]:
-    return task_panel(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: Observation,
-                    cfg: Any) -> str:
-    choices = [f"Action templates (replace OBJ with an object): {', '.join(obs.admissible or [])}",
-               f"Objects you can refer to: {', '.join(obs.info.get('objects', []))}"]
-    return prompting.render_step_prompt(
-        intro=INTRO, task_description=task_description, history=history, observation=obs.text,
-        choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
-        history_obs_chars=cfg.history_obs_chars)
-
-  def parse_action(self, response: str, cfg: Any) -> ParsedAction:
-    return prompting.parse_action(response, cfg.require_think)
+def make_env(cfg: Any) -> SciWorldEnv:
+  return SciWorldEnv(cfg)
 
 
-FAMILY = SciWorldFamily()
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
+  choices = [f"Action templates (replace OBJ with an object): {', '.join(obs.admissible or [])}",
+             f"Objects you can refer to: {', '.join(obs.info.get('objects', []))}"]
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history, observation=obs.text,
+      choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars)
+
+
+def parse_action(response: str, cfg: Any) -> ParsedAction:
+  return prompting.parse_action(response, cfg.require_think)
+
+
+FAMILY = EnvFamily(name="sciworld", make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                   parse_action=parse_action)

@@ -94,11 +94,11 @@ def _first_block(text: str) -> tuple[str, str] | None:
   return (m.group(1).lower(), m.group(2).strip()) if m else None
 
 
-def parse_search_action(response: str, require_think: bool = False) -> base.ParsedAction:
+def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
   """The shared parse over the <search>/<answer> tags, sending `<search>q</search>` or `<answer>a</answer>`.
   Also invalid ("multiple_actions") when the response opens more than one such tag, as in verl-agent's
   search_projection; the earliest block is still sent."""
-  parsed = prompting.parse_action(response, require_think, TAGS)
+  parsed = prompting.parse_action(response, cfg.require_think, TAGS)
   if parsed.valid and len(_OPEN_RE.findall(response)) > 1:
     return base.ParsedAction(parsed.action, False, "multiple_actions")
   return parsed
@@ -262,7 +262,7 @@ def _sources(spec: str | Sequence[str]) -> list[str]:
   return [s.strip() for s in items if s.strip()]
 
 
-def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   files = {"train": cfg.train_files, "test": cfg.test_files}.get(split)
   if files is None:
     raise ValueError(f"search split must be 'train' or 'test', got {split!r}")
@@ -310,30 +310,17 @@ CHOICES = ["Take exactly one action:",
            "<answer>Beijing</answer>."]
 
 
-def render_search_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                         cfg: ml_collections.ConfigDict) -> str:
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                  cfg: ml_collections.ConfigDict) -> str:
   return prompting.render_step_prompt(
       intro=INTRO, task_description=f"answer the question: {task_description}", history=history,
       observation=obs.text, choices=CHOICES, history_length=cfg.history_length, require_think=cfg.require_think,
       history_obs_chars=cfg.history_obs_chars, tags=TAGS)
 
 
-class SearchFamily:
-  """The Search-QA EnvFamily; `cfg` everywhere is this module's default_config() shape."""
-  name = NAME
-
-  def make_env(self, cfg: ml_collections.ConfigDict) -> SearchEnv:
-    return SearchEnv(make_client(cfg), cfg)
-
-  def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
-    return build_tasks(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                    cfg: ml_collections.ConfigDict) -> str:
-    return render_search_prompt(task_description, history, obs, cfg)
-
-  def parse_action(self, response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
-    return parse_search_action(response, cfg.require_think)
+def make_env(cfg: ml_collections.ConfigDict) -> SearchEnv:
+  return SearchEnv(make_client(cfg), cfg)
 
 
-FAMILY = SearchFamily()
+FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                        parse_action=parse_action)

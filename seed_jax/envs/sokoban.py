@@ -371,13 +371,13 @@ def _direction(text: str) -> str | None:
   return words.pop() if len(words) == 1 else None
 
 
-def parse_sokoban_action(response: str, require_think: bool = True) -> base.ParsedAction:
+def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
   """The shared parse, then valid only if the action names exactly one of up/down/left/right."""
-  return prompting.restrict(prompting.parse_action(response, require_think), _direction)
+  return prompting.restrict(prompting.parse_action(response, cfg.require_think), _direction)
 
 
-def render_sokoban_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                          cfg: ml_collections.ConfigDict) -> str:
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                  cfg: ml_collections.ConfigDict) -> str:
   return prompting.render_step_prompt(
       intro=INTRO, task_description=task_description, history=history,
       observation="<image>" if cfg.observation == "image" else obs.text,
@@ -386,7 +386,7 @@ def render_sokoban_prompt(task_description: str, history: Sequence[tuple[str, st
       history_obs_chars=cfg.history_obs_chars)
 
 
-def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
+def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   sizes = {"train": (cfg.num_train_tasks, cfg.train_seed_offset), "test": (cfg.num_test_tasks, cfg.test_seed_offset)}
   if split not in sizes:
     raise ValueError(f"sokoban split must be 'train' or 'test', got {split!r}")
@@ -399,25 +399,12 @@ def build_tasks(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
           for i in range(n)]
 
 
-class SokobanFamily:
-  """The Sokoban EnvFamily; `cfg` everywhere is this module's default_config() shape."""
-  name = NAME
-
-  def make_env(self, cfg: ml_collections.ConfigDict) -> SokobanEnv:
-    if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
-      raise ValueError(f"sokoban observation must be 'text' or 'image' (which needs render_image=True), got "
-                       f"observation={cfg.observation!r}, render_image={cfg.render_image}")
-    return SokobanEnv(cfg)
-
-  def tasks(self, cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
-    return build_tasks(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                    cfg: ml_collections.ConfigDict) -> str:
-    return render_sokoban_prompt(task_description, history, obs, cfg)
-
-  def parse_action(self, response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
-    return parse_sokoban_action(response, cfg.require_think)
+def make_env(cfg: ml_collections.ConfigDict) -> SokobanEnv:
+  if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
+    raise ValueError(f"sokoban observation must be 'text' or 'image' (which needs render_image=True), got "
+                     f"observation={cfg.observation!r}, render_image={cfg.render_image}")
+  return SokobanEnv(cfg)
 
 
-FAMILY = SokobanFamily()
+FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                        parse_action=parse_action)

@@ -7,7 +7,6 @@ the game reports task success, else 0. The gold action sequence comes from the s
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from typing import Any, Sequence
@@ -15,7 +14,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from seed_jax.envs import prompting
-from seed_jax.envs.base import Observation, ParsedAction, StepResult, Task
+from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
 
 GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 # The seed folds of textworld-express 1.1.0 (the same for every game; tests check them against the JVM).
@@ -124,26 +123,21 @@ class TWXEnv:
                        admissible=sorted(state["validActions"]))
 
 
-@dataclasses.dataclass(frozen=True)
-class TWXFamily:
-  name: str = "textworld_express"
-
-  def make_env(self, cfg: Any) -> TWXEnv:
-    return TWXEnv(cfg)
-
-  def tasks(self, cfg: Any, split: str) -> list[Task]:
-    return task_panel(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: Observation,
-                    cfg: Any) -> str:
-    choices = [f"Valid actions: {', '.join(obs.admissible or [])}"]
-    return prompting.render_step_prompt(
-        intro=INTRO, task_description=task_description, history=history, observation=obs.text,
-        choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
-        history_obs_chars=cfg.history_obs_chars)
-
-  def parse_action(self, response: str, cfg: Any) -> ParsedAction:
-    return prompting.parse_action(response, cfg.require_think)
+def make_env(cfg: Any) -> TWXEnv:
+  return TWXEnv(cfg)
 
 
-FAMILY = TWXFamily()
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
+  choices = [f"Valid actions: {', '.join(obs.admissible or [])}"]
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history, observation=obs.text,
+      choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars)
+
+
+def parse_action(response: str, cfg: Any) -> ParsedAction:
+  return prompting.parse_action(response, cfg.require_think)
+
+
+FAMILY = EnvFamily(name="textworld_express", make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                   parse_action=parse_action)

@@ -105,7 +105,7 @@ def catalog(cfg: Any) -> webshop_data.Catalog:
   return _catalog(*_key(cfg))
 
 
-def list_tasks(cfg: Any, split: str) -> list[base.Task]:
+def task_panel(cfg: Any, split: str) -> list[base.Task]:
   if split not in SPLITS:
     raise ValueError(f"webshop split={split!r}; expected one of {SPLITS}")
   goals = catalog(cfg).goals
@@ -291,27 +291,24 @@ class WebShopEnv:
 INTRO = "You are an expert autonomous agent operating in the WebShop e-commerce environment."
 
 
-class _WebShop:
-  name = NAME
-
-  def make_env(self, cfg: Any) -> WebShopEnv:
-    return WebShopEnv(cfg)
-
-  def tasks(self, cfg: Any, split: str) -> list[base.Task]:
-    return list_tasks(cfg, split)
-
-  def render_prompt(self, task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
-                    cfg: Any) -> str:
-    # One action per line: clickables (option values, titles) may hold commas.
-    choices = ["Your admissible actions, one per line:", *(obs.admissible or [])]
-    return prompting.render_step_prompt(
-        intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
-        history_length=cfg.history_length, require_think=cfg.require_think,
-        history_obs_chars=cfg.history_obs_chars)
-
-  def parse_action(self, response: str, cfg: Any) -> base.ParsedAction:
-    # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.
-    return prompting.parse_action(response, cfg.require_think)
+def make_env(cfg: Any) -> WebShopEnv:
+  return WebShopEnv(cfg)
 
 
-FAMILY = _WebShop()
+def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
+                  cfg: Any) -> str:
+  # One action per line: clickables (option values, titles) may hold commas.
+  choices = ["Your admissible actions, one per line:", *(obs.admissible or [])]
+  return prompting.render_step_prompt(
+      intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
+      history_length=cfg.history_length, require_think=cfg.require_think,
+      history_obs_chars=cfg.history_obs_chars)
+
+
+def parse_action(response: str, cfg: Any) -> base.ParsedAction:
+  # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.
+  return prompting.parse_action(response, cfg.require_think)
+
+
+FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
+                        parse_action=parse_action)
