@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from alfworld_data import build_data
-from seed_jax.envs import alfworld, ezpoints, get_family, retriever, search, sokoban, webshop
+from seed_jax.envs import alfworld, ezpoints, get_family, retriever, search, sokoban, sokoban_levels, webshop
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX
 from seed_jax.envs.pool import EnvPool
 from seed_jax.models import tokenizer as tokenizer_lib
@@ -135,7 +135,7 @@ def test_sokoban_rollout(tok, policy):
   tasks = sokoban.FAMILY.tasks(cfg, "test")[:2]
   trajs = _check(_rollout("sokoban", cfg, tasks, tok, policy), tok, cfg, env_truncates=True)
   for t in trajs:
-    level = "\n".join(sokoban.render_rows(*sokoban.generate_level(t.task.spec["seed"])))
+    level = "\n".join(sokoban.render_rows(*sokoban_levels.generate_level(t.task.spec["seed"])))
     assert [s.observation for s in t.steps] == [level] * MAX_STEPS  # no move was made
     assert [s.reward for s in t.steps] == pytest.approx([-0.1] * MAX_STEPS)  # gym-sokoban's step penalty
     assert t.episode_return == pytest.approx(-0.3) and t.score == 0.0
