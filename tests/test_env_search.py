@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from seed_jax.envs import base, retriever, search
+from seed_jax.envs import base, retriever, search, search_data
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "search")
 CORPUS = os.path.join(FIXTURES, "corpus.jsonl")
@@ -259,11 +259,11 @@ def test_parquet_and_bad_rows(cfg, tmp_path):
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"question": "Q?", "answers": ["x"]}) + "\n")
   with pytest.raises(ValueError, match="golden_answers"):
-    search.load_questions(str(bad))
+    search_data.load_questions(str(bad))
   with pytest.raises(ValueError, match="does not exist"):
-    search.load_questions(str(tmp_path / "missing.jsonl"))
+    search_data.load_questions(str(tmp_path / "missing.jsonl"))
   with pytest.raises(ValueError, match="tfds:NAME"):
-    search.load_questions("tfds:natural_questions_open")
+    search_data.load_questions("tfds:natural_questions_open")
 
 
 def test_tfds_source_reads_prepared_dataset(tmp_path):
@@ -300,4 +300,4 @@ def test_tfds_source_reads_prepared_dataset(tmp_path):
 def test_tfds_missing_is_a_clear_error(monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # as if the package were not installed
   with pytest.raises(ImportError, match="needs tensorflow-datasets"):
-    search.load_questions("tfds:trivia_qa/rc.nocontext:validation")
+    search_data.load_questions("tfds:trivia_qa/rc.nocontext:validation")
