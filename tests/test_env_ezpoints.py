@@ -118,13 +118,14 @@ def test_observations():
   assert obs.admissible == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "+", "*", "="]
   img = obs.info["image"]
   assert img.shape == (300, 300, 3) and img.dtype == np.uint8
-  assert tuple(img[2, 2]) == ezpoints_image._GREEN and tuple(img[150, 20]) == ezpoints_image._WHITE
+  green, white, red, black = ezpoints_image._GREEN, ezpoints_image._WHITE, ezpoints_image._RED, ezpoints_image._BLACK
+  assert tuple(img[2, 2]) == green and tuple(img[150, 20]) == white
   left, right = img[:, :150].reshape(-1, 3), img[:, 150:].reshape(-1, 3)
-  assert (left == ezpoints_image._RED).all(-1).sum() > 500 and (left == ezpoints_image._BLACK).all(-1).sum() == 0  # hearts
-  assert (right == ezpoints_image._BLACK).all(-1).sum() > 500 and (right == ezpoints_image._RED).all(-1).sum() == 0  # spades
+  assert (left == red).all(-1).sum() > 500 and (left == black).all(-1).sum() == 0  # hearts
+  assert (right == black).all(-1).sum() > 500 and (right == red).all(-1).sum() == 0  # spades
   r = env.step("10")
   assert r.observation.text.endswith("Formula: 10")
-  assert (r.observation.info["image"][255:275] == ezpoints_image._WHITE).all(-1).sum() > 50  # the formula is drawn
+  assert (r.observation.info["image"][255:275] == white).all(-1).sum() > 50  # the formula is drawn
 
 
 def test_parse_action_and_prompt():
