@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from seed_jax.config import load_mesh_preset
 from seed_jax.infra.mesh import MESH_AXES, logical_to_spec, resolve, resolve_shape
 from seed_jax.models import transformer
 from seed_jax.models.spec import ModelSpec
@@ -72,7 +73,6 @@ def mesh_sizes(mc: ml_collections.ConfigDict, n_devices: int | None = None) -> t
   mc = resolve(mc)
   if n_devices is None:
     if mc.get("preset"):
-      from configs.base import load_mesh_preset
       n_devices = int(load_mesh_preset(mc.preset).num_devices)
     elif -1 not in tuple(mc.shape):
       n_devices = math.prod(mc.shape) * math.prod(mc.dcn_shape)
@@ -277,7 +277,6 @@ def main(argv):
   mesh, n_devices = mesh_sizes(cfg.mesh, flags.FLAGS.devices or None)
   device_memory = 0
   if cfg.mesh.preset:
-    from configs.base import load_mesh_preset
     device_memory = int(load_mesh_preset(cfg.mesh.preset).device_memory_bytes)
   w = Workload.from_config(cfg, mesh["data"] * mesh["fsdp"])
   out = plan(spec, mesh, w, device_memory)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from seed_jax import config as config_lib
 from seed_jax import objectives, plan, update
 from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
@@ -118,7 +119,7 @@ def test_command_line_from_a_bare_config_json(tmp_path):
   assert line["workload"]["prompt"] == 4096 and line["workload"]["response"] == 512  # the paper's shapes
   res = run("--config.model.path=Qwen2.5-7B-Instruct", "--preset=v5p_16")
   line = json.loads(res.stdout.strip().splitlines()[-1])
-  assert line["devices"] == 8 and line["device_memory"] == base.load_mesh_preset("v5p_16").device_memory_bytes
+  assert line["devices"] == 8 and line["device_memory"] == config_lib.load_mesh_preset("v5p_16").device_memory_bytes
   # 7.6e9 fp32 weights split 8 ways over "embed", except the q/k/v biases (no embed axis): replicated.
   biases = 28 * (28 + 4 + 4) * 128
   assert line["items"]["params"] == ((7_615_616_512 - biases) // 8 + biases) * 4

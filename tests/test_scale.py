@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from seed_jax import config as config_lib
 from seed_jax import objectives, update
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
@@ -128,9 +129,9 @@ def test_unknown_logical_axis_is_an_error():
 
 
 def test_mesh_presets_and_config():
-  assert {"single_host_8", "v5e_16", "v5p_64", "v5p_256"} <= set(base.mesh_presets())
-  for name in base.mesh_presets():
-    p = base.load_mesh_preset(name)
+  assert {"single_host_8", "v5e_16", "v5p_64", "v5p_256"} <= set(config_lib.mesh_presets())
+  for name in config_lib.mesh_presets():
+    p = config_lib.load_mesh_preset(name)
     ici = mesh_lib.resolve_shape(p.shape, p.num_devices, p.dcn_shape)
     assert np.prod(ici) * np.prod(p.dcn_shape) == p.num_devices, name
   cfg = base.get_base()

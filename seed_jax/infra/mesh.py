@@ -20,6 +20,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from seed_jax.config import load_mesh_preset  # reads configs/mesh/<name>.py by path
+
 MESH_AXES = ("data", "fsdp", "tensor")
 MEMORY_KINDS = ("device", "pinned_host")
 
@@ -58,7 +60,6 @@ def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"config.mesh.ref_params_memory={mc.ref_params_memory!r} is not allowed; choose one of "
                      f"{MEMORY_KINDS}")
   if mc.get("preset"):
-    from configs.base import load_mesh_preset  # presets are config files: configs/mesh/<name>.py
     preset = load_mesh_preset(mc.preset)
     mc.shape, mc.dcn_shape = tuple(preset.shape), tuple(preset.dcn_shape)
   return mc
