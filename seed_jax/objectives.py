@@ -34,32 +34,6 @@ OPD_VARIANTS = ("gated", "positive_gap", "reverse_kl_adv", "teacher_adv", "none"
 EPS = 1e-6  # A = (s − μ)/(σ + EPS), as in verl's GRPO
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  # --- advantages (host) ---
-  c.adv_estimator = "grpo"  # "grpo" | "gigpo" (GRPO episode advantage + gigpo_weight · anchor-state step advantage)
-  c.norm_mode = "mean_std_norm"  # "mean_std_norm": (s − μ)/(σ + 1e-6); "mean_norm": s − μ (WebShop)
-  c.grpo_stats = "step"  # "step": μ, unbiased σ over all step-samples of a group (reference code);
-  #                        "trajectory": μ, population σ over the group's trajectory returns (paper)
-  c.invalid_penalty = 0.1  # c_inv subtracted from the score of a step whose action did not parse (Search: 0.01)
-  c.gigpo_gamma = 0.95  # γ of GiGPO's discounted step returns
-  c.gigpo_weight = 1.0  # ω in A = A^E + ω·A^S
-  c.gigpo_similarity = 1.0  # anchor-state match: 1.0 = identical text; < 1 = difflib ratio ≥ this value
-  # --- loss (device) ---
-  c.agg_mode = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
-  c.clip_low = 0.2  # ε_low: ratio clipped below at 1 − ε_low
-  c.clip_high = 0.2  # ε_high: ratio clipped above at 1 + ε_high (asymmetric "clip-higher" when > clip_low)
-  c.clip_c = 3.0  # dual-clip c: for A < 0 the loss is capped at −c·A
-  c.entropy_coef = 0.001  # c_H in pg − c_H·H (Search: 0)
-  c.kl_coef = 0.01  # c_KL for the KL to the reference (Search: 0.001; 0 disables, ref log-probs not needed)
-  c.kl_estimator = "low_var_kl"  # "k1" | "k2" | "low_var_kl" (k3)
-  c.opd_variant = "gated"  # "gated" | "positive_gap" | "reverse_kl_adv" | "teacher_adv" | "none"
-  c.opd_coef = 0.01  # λ_opd, weight of the OPD loss term ("gated", "positive_gap")
-  c.opd_beta = 5.0  # β of the gate g = σ(β·Δ)
-  c.opd_adv_coef = 1.0  # λ / w of the advantage-shaping variants ("reverse_kl_adv", "teacher_adv")
-  return c
-
-
 def _check(name: str, value, allowed: Sequence) -> None:
   if value not in allowed:
     raise ValueError(f"{name}={value!r} is not one of {tuple(allowed)}")

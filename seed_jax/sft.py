@@ -40,35 +40,6 @@ from seed_jax.rescore import token_logprobs
 log = logging.getLogger(__name__)
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.data = ""  # SFT records JSONL (prompt, response); "" = <workdir>/sft_records.jsonl
-  c.export_dir = ""  # HF folder written at the end (weights + tokenizer); "" = <workdir>/export
-  c.epochs = 3
-  c.batch_size = 8  # records per optimizer step (global batch)
-  # AdamW (read by update.make_optimizer): warmup to lr over warmup_frac of the steps, then cosine to 0.
-  c.lr = 5e-6
-  c.b1 = 0.9
-  c.b2 = 0.95
-  c.eps = 1e-8
-  c.weight_decay = 0.01
-  c.max_grad_norm = 1.0
-  c.schedule = "warmup_cosine"  # "warmup_cosine" | "constant"
-  c.warmup_frac = 0.1
-  c.total_steps = 0  # 0 = epochs * steps per epoch (set from the data)
-  c.max_len = 8192  # tokens of one record (prompt + response + EOS); longer records are dropped and counted
-  c.min_len_bucket = 64  # packed row lengths are powers of two from this up to max_len
-  c.micro_rows = 1  # packed rows per forward/backward; gradients accumulate over the step's rows
-  c.val_frac = 0.1  # share of records held out for the validation loss (0 = none)
-  c.val_every = 0  # optimizer steps between validation passes; 0 = at the end of every epoch
-  c.vocab_chunk = 128  # loss positions per vocabulary-projection chunk
-  c.remat = True  # rematerialize each layer in the backward pass
-  c.dtype = "float32"  # compute dtype of the forward ("float32" | "bfloat16")
-  c.checkpoint = ckpt_lib.default_config()
-  c.checkpoint.save_interval_steps = 50
-  return c
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Records and packing
 

@@ -22,26 +22,6 @@ from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import response_logprobs
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.lr = 1e-6  # AdamW learning rate (peak, for schedules)
-  c.b1 = 0.9
-  c.b2 = 0.999
-  c.eps = 1e-8
-  c.weight_decay = 0.01
-  c.max_grad_norm = 1.0  # global-norm clip
-  c.schedule = "constant"  # "constant" | "warmup_cosine"
-  c.warmup_frac = 0.0  # share of total optimizer steps spent warming up (warmup_cosine)
-  c.total_steps = 0  # optimizer steps of the schedule (warmup_cosine); 0 = set by the pipeline
-  c.minibatch_size = 256  # step-samples per optimizer step (padded rows are masked, never duplicated)
-  c.micro_batch_size = 8  # step-samples per forward/backward; gradients accumulate over micro-batches
-  c.ppo_epochs = 1
-  c.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
-  c.remat = True  # rematerialize each layer in the backward pass (memory for compute)
-  c.dtype = "float32"  # compute dtype of the training forward
-  return c
-
-
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # optimizer steps taken

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
 from seed_jax import objectives as ob
 from seed_jax.envs.base import Step, Task, Trajectory
 
@@ -128,7 +129,7 @@ def test_gigpo_step_and_combined_advantages():
   close(sd, 4.6308147)
   ae = {10.: (10 - mu) / (sd + E), 0.: -mu / (sd + E), 4.: (4 - mu) / (sd + E)}
   expect_E = [ae[10.]] * 3 + [ae[0.]] * 4 + [ae[4.]] * 2 + [0.]  # group 2: one sample, μ=0, σ=1, score 0
-  cfg = ob.default_config()
+  cfg = base.get_base().objectives
   cfg.adv_estimator, cfg.gigpo_gamma, cfg.gigpo_weight = "gigpo", 0.5, 2.0
   close(ob.compute_advantages(s, cfg), np.array(expect_E) + 2.0 * np.array(expect_S))
   cfg.adv_estimator = "grpo"
@@ -137,7 +138,7 @@ def test_gigpo_step_and_combined_advantages():
 
 def test_compute_advantages_trajectory_stats_with_penalty():
   trajs = [_traj(0, 0, ["o", "o"], [0., 10.], valid=[False, True]), _traj(0, 1, ["o"], [0.])]
-  cfg = ob.default_config()
+  cfg = base.get_base().objectives
   cfg.grpo_stats = "trajectory"
   # Returns {10, 0}: μ = 5, σ = 5; the invalid step scores 10 − 0.1.
   close(ob.compute_advantages(ob.StepSamples.from_trajectories(trajs), cfg),
@@ -310,7 +311,7 @@ def test_seed_loss_bad_input():
   with pytest.raises(ValueError, match="entropy"):
     ob.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
                  norm=ob.loss_normalizers(mask, None, cfg.agg_mode), cfg=ob.SeedLossConfig(opd_variant="none"))
-  assert ob.SeedLossConfig.from_config(ob.default_config()) == cfg
+  assert ob.SeedLossConfig.from_config(base.get_base().objectives) == cfg
 
 
 def _minibatch(seed=0, B=8, T=5):

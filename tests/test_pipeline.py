@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
 from configs import textworld_express as twx_config
 from seed_jax import objectives, pipeline
 from seed_jax import update as update_lib
@@ -148,7 +149,7 @@ def _tiny_batch(B=4, P=6, R=5, seed=0):
 
 def test_zero_opd_weight_equals_plain_grpo_update():
   spec, params, mb = _tiny_batch()
-  opt = update_lib.make_optimizer(update_lib.default_config())
+  opt = update_lib.make_optimizer(base.get_base().learner)
   results = []
   for loss_cfg in (objectives.SeedLossConfig(opd_variant="gated", opd_coef=0.0),
                    objectives.SeedLossConfig(opd_variant="none")):
@@ -215,7 +216,7 @@ def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
 
 def test_non_finite_loss_skips_the_update_and_counts_it():
   spec, params, mb = _tiny_batch()
-  opt = update_lib.make_optimizer(update_lib.default_config())
+  opt = update_lib.make_optimizer(base.get_base().learner)
   fn = update_lib.make_update_fn(spec, objectives.SeedLossConfig(), opt, micro_batch_size=2, chunk=4, remat=False)
   state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
   bad = mb.replace(ref_logp_BR=mb.ref_logp_BR.at[0, 0].set(jnp.nan))

@@ -48,7 +48,7 @@ def test_planned_weight_and_optimizer_bytes_equal_the_real_shards(shape):
   mesh = make_mesh(shape)
   params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
-  state = update.init_state(params, update.make_optimizer(update.default_config()))
+  state = update.init_state(params, update.make_optimizer(base.get_base().learner))
   planned = plan.plan(SPEC, dict(mesh.shape), _workload(remat=True))["items"]
   for d in range(8):  # every device holds the same amount
     on_device = lambda tree: sum(x.addressable_shards[d].data.nbytes for x in jax.tree.leaves(tree))
@@ -68,7 +68,7 @@ def test_planned_update_temporaries_match_xla(remat):
   mesh = make_mesh((1, 8, 1))
   params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
-  opt = update.make_optimizer(update.default_config())
+  opt = update.make_optimizer(base.get_base().learner)
   w = _workload(remat)
   fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=w.micro_rows,
                              chunk=w.vocab_chunk, remat=remat, state_shardings=update.state_shardings(params, opt))

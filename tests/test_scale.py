@@ -22,7 +22,7 @@ MESHES = [(2, 4, 1), (1, 8, 1), (8, 1, 1), (1, 2, 4)]
 
 
 def _optimizer():
-  cfg = update.default_config()
+  cfg = base.get_base().learner
   # lr large enough that one step moves weights by ~1e-3..1e-2; eps large enough that AdamW's first step is
   # not sign(g) (which would turn rounding-level gradient differences into lr-sized weight differences).
   cfg.lr, cfg.eps = 1e-2, 1e-3

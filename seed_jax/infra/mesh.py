@@ -44,15 +44,6 @@ RULES: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.preset = ""  # name of configs/mesh/<preset>.py; its fields replace the ones below ("" = use them as set)
-  c.shape = (1, -1, 1)  # (data, fsdp, tensor) inside one slice; one entry may be -1 (= the remaining devices)
-  c.dcn_shape = (1, 1, 1)  # slices along (data, fsdp, tensor) over the data-center network; product = slices
-  c.ref_params_memory = "device"  # "device" | "pinned_host": where the frozen KL-reference weights are kept
-  return c
-
-
 def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The mesh config with its preset (if any) applied: the preset's fields replace the given ones."""
   mc = ml_collections.ConfigDict(mc.to_dict())
