@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from seed_jax.objectives import entropy_from_logits_BT
+from seed_jax.losses import entropy_from_logits_BT
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,13 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from configs import base  # noqa: E402
-from seed_jax import objectives, update  # noqa: E402
+from seed_jax import update  # noqa: E402
 from seed_jax.infra import checkpoint as ckpt_lib  # noqa: E402
 from seed_jax.infra import distributed  # noqa: E402
 from seed_jax.infra import mesh as mesh_lib  # noqa: E402
 from seed_jax.models import transformer as tf  # noqa: E402
 from seed_jax.models import weights  # noqa: E402
+from seed_jax.losses import SeedLossConfig  # noqa: E402
 from seed_jax.models.spec import ModelSpec  # noqa: E402
 from tests.scale_helpers import numpy_params, random_minibatch  # noqa: E402
 
@@ -93,7 +94,7 @@ def main():
     return
   state = fresh_state(mesh)
   opt = optimizer()
-  fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=8, chunk=8, remat=False,
+  fn = update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), opt, micro_batch_size=8, chunk=8, remat=False,
                              state_shardings=update.state_shardings(state.params, opt))
   # This process supplies its share of the global rows; the global batch is the same for any process count.
   share = ROWS // jax.process_count()

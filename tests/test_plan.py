@@ -13,7 +13,8 @@ import pytest
 
 from configs import base
 from seed_jax import config as config_lib
-from seed_jax import objectives, plan, update
+from seed_jax import plan, update
+from seed_jax.losses import SeedLossConfig
 from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
@@ -70,7 +71,7 @@ def test_planned_update_temporaries_match_xla(remat):
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
   opt = update.make_optimizer(base.get_base().learner)
   w = _workload(remat)
-  fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=w.micro_rows,
+  fn = update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), opt, micro_batch_size=w.micro_rows,
                              chunk=w.vocab_chunk, remat=remat, state_shardings=update.state_shardings(params, opt))
   batch = distributed.global_batch(random_minibatch(2 * w.micro_rows, w.prompt, w.response, SPEC.vocab_size), mesh)
   with jax.set_mesh(mesh):

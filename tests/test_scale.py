@@ -7,10 +7,11 @@ import pytest
 
 from configs import base
 from seed_jax import config as config_lib
-from seed_jax import objectives, update
+from seed_jax import update
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra.mesh import RULES, logical_to_spec, make_mesh, mesh_from_config, sharding_tree
+from seed_jax.losses import SeedLossConfig
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from tests.scale_helpers import numpy_params, random_minibatch
@@ -34,7 +35,7 @@ def _minibatch() -> update.MiniBatch:
 
 
 def _update_fn(shardings=None):
-  return update.make_update_fn(SPEC, objectives.SeedLossConfig(), _optimizer(), micro_batch_size=8, chunk=8,
+  return update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), _optimizer(), micro_batch_size=8, chunk=8,
                                remat=False, state_shardings=shardings)
 
 
