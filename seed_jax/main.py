@@ -21,7 +21,7 @@ def generate_once(cfg) -> str:
   spec, params = weights.load_model(cfg.model.path)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
-                                                     dtype=cfg.sampler.dtype))
+                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
   sp = SamplingParams(temperature=cfg.generate.temperature, max_new_tokens=cfg.generate.max_new_tokens)
   gen = sampler.generate(params, [tok.encode_chat(cfg.generate.prompt)], jax.random.key(cfg.seed), sp)[0]
   return tok.decode(gen.tokens)

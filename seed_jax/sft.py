@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seed_jax import stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.config import check_choice
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.infra.metrics import MetricsWriter
@@ -236,8 +237,7 @@ def _check(cfg: ml_collections.ConfigDict) -> None:
   for field in ("epochs", "batch_size", "max_len", "min_len_bucket", "micro_rows", "vocab_chunk"):
     if not cfg[field] >= 1:
       raise ValueError(f"config.sft.{field}={cfg[field]!r} must be >= 1")
-  if cfg.schedule not in ("warmup_cosine", "constant"):
-    raise ValueError(f"config.sft.schedule={cfg.schedule!r}; allowed: 'warmup_cosine', 'constant'")
+  check_choice("sft.schedule", cfg.schedule)
 
 
 def _on_mesh(tree, mesh):

@@ -43,7 +43,7 @@ def policy(tok):
   spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                    head_dim=16, ffn_dim=64)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=MAX_PROMPT, min_prompt_bucket=MAX_PROMPT,
-                                                     min_batch=2 * G, max_batch=2 * G))
+                                                     min_batch=2 * G, max_batch=2 * G, dtype="float32"))
   return sampler, tf.init_params(spec, 0)
 
 
