@@ -9,7 +9,11 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sciworld.py", "ml_collections config file[:variant]")
+from seed_jax.config import CONFIGS_DIR
+
+# The default is found beside the package, so a run from any directory works.
+_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(CONFIGS_DIR, "sciworld.py"),
+                                          "ml_collections config file[:variant]")
 _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, dumps); an existing one resumes. "
                                "Default: runs/<env>-<time>; the Stage 1 stages share runs/<env>-stage1")
 

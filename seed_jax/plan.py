@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from seed_jax.config import load_mesh_preset
+from seed_jax.config import CONFIGS_DIR, load_mesh_preset
 from seed_jax.infra.mesh import MESH_AXES, logical_to_spec, resolve, resolve_shape
 from seed_jax.models import transformer
 from seed_jax.models.spec import ModelSpec
@@ -288,7 +288,8 @@ def main(argv):
 if __name__ == "__main__":
   from absl import app, flags as _flags
   from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", "configs/sciworld.py", "ml_collections config file[:variant]")
+  config_flags.DEFINE_config_file("config", os.path.join(CONFIGS_DIR, "sciworld.py"),
+                                  "ml_collections config file[:variant]")
   _flags.DEFINE_string("preset", "", "mesh preset (configs/mesh/<name>.py); overrides config.mesh.preset")
   _flags.DEFINE_string("model", "", "model to plan for (known name, HF folder, config.json, .gguf); "
                        "default: config.model.path")
