@@ -166,7 +166,7 @@ class Workload:
   def from_config(cls, cfg: ml_collections.ConfigDict, data_parallel: int) -> "Workload":
     pow2_at_least = lambda n, lo=64: max(lo, 1 << (max(n, 1) - 1).bit_length())
     itemsize = 2 if cfg.sampler.dtype == "bfloat16" else 4
-    policy_analysis = cfg.analyzer.enabled and cfg.analyzer.get("backend", "policy") == "policy"
+    policy_analysis = cfg.analyzer.enabled and cfg.analyzer.backend == "policy"
     # The sampler rounds a call's rows up to a power of two (at least one per data-parallel device) and
     # splits larger requests into calls of sampler.max_batch rows.
     rows = lambda n: min(pow2_at_least(n, data_parallel), max(cfg.sampler.max_batch, data_parallel))
@@ -181,7 +181,7 @@ class Workload:
         prompt=pow2_at_least(cfg.model.max_prompt_tokens), response=pow2_at_least(cfg.rollout.max_new_tokens),
         micro_rows=cfg.learner.micro_batch_size * (2 if uses_skill and cfg.learner.teacher == "current" else 1),
         vocab_chunk=cfg.rescore.vocab_chunk, remat=bool(cfg.learner.remat),
-        reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.get("ref_params_memory", "device") == "device")
+        reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.ref_params_memory == "device")
 
 
 def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], remat: bool) -> int:

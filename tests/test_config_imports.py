@@ -73,10 +73,11 @@ def test_mesh_presets_are_read_by_path_without_importing_configs(tmp_path):
       import json, sys
       import ml_collections
       from seed_jax.infra import mesh
-      mc = ml_collections.ConfigDict(dict(preset="v5p_256", shape=(1, -1, 1), dcn_shape=(1, 1, 1)))
-      r = mesh.resolve(mc)
+      mc = lambda preset: ml_collections.ConfigDict(dict(preset=preset, shape=(1, -1, 1), dcn_shape=(1, 1, 1),
+                                                         ref_params_memory="device"))
+      r = mesh.resolve(mc("v5p_256"))
       try:
-        mesh.resolve(ml_collections.ConfigDict(dict(preset="v5p_65", shape=(1, -1, 1), dcn_shape=(1, 1, 1))))
+        mesh.resolve(mc("v5p_65"))
       except ValueError as e:
         err = str(e)
       print(json.dumps([list(r.shape), err, [n for n in sys.modules if n.split(".")[0] == "configs"]]))

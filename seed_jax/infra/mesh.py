@@ -47,7 +47,7 @@ RULES: dict[str, tuple[str, ...] | None] = {
 def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The mesh config with its preset (if any) applied: the preset's fields replace the given ones."""
   mc = ml_collections.ConfigDict(mc.to_dict())
-  if mc.get("ref_params_memory", "device") not in MEMORY_KINDS:
+  if mc.ref_params_memory not in MEMORY_KINDS:
     raise ValueError(f"config.mesh.ref_params_memory={mc.ref_params_memory!r} is not allowed; choose one of "
                      f"{MEMORY_KINDS}")
   if mc.get("preset"):
