@@ -1,7 +1,8 @@
 """Start-up validation of the whole config: a bad field fails at once with a message naming it.
 
 `CHOICES` is the one table of allowed values; library functions that must reject a bad value when called
-directly read it too (`check_choice`). Defaults live in the config files (configs/), not here.
+directly read it too (`check_choice`). Defaults live in the config files (configs/), not here; mesh presets
+(configs/mesh/<name>.py) are read by path with `load_mesh_preset`, so the package never imports `configs`.
 """
 from __future__ import annotations
 
