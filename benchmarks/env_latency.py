@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from configs import sciworld as sciworld_config, textworld_express as twx_config  # noqa: E402
 from seed_jax.envs import sciworld, textworld_express  # noqa: E402
 from seed_jax.envs.base import EnvError, Observation  # noqa: E402
 from seed_jax.envs.pool import EnvPool  # noqa: E402
@@ -41,7 +42,7 @@ def _percentile(xs: list[float], q: float) -> float:
 
 
 def bench_sciworld(num_envs: int, steps: int, warmup: int) -> dict:
-  cfg = sciworld.default_config()
+  cfg = sciworld_config.env_config()
   panel = sciworld.task_panel(cfg, "eval_l0")
   by_type = sorted({t.family for t in panel})
   tasks = [next(t for t in panel if t.family == by_type[k % len(by_type)]) for k in range(num_envs)]
@@ -76,7 +77,7 @@ def bench_sciworld(num_envs: int, steps: int, warmup: int) -> dict:
 
 
 def bench_twx(num_envs: int, steps: int) -> dict:
-  cfg = textworld_express.default_config()
+  cfg = twx_config.env_config()
   tasks = textworld_express.task_panel(cfg, "train")[:num_envs]
   rng = random.Random(0)
   with EnvPool(textworld_express.FAMILY, cfg, num_envs) as pool:

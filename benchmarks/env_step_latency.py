@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 
+from configs import ezpoints as ezpoints_config, sokoban as sokoban_config
 from seed_jax.envs import ezpoints, sokoban
 
 
@@ -33,8 +34,8 @@ def measure(family, cfg, n_tasks: int, actions: list[str]) -> dict[str, float]:
 
 def main() -> None:
   out = {"benchmark": "env_step_latency",
-         "sokoban_6x6_1box": measure(sokoban.FAMILY, sokoban.default_config(), 100, list(sokoban.ACTIONS)),
-         "ezpoints": measure(ezpoints.FAMILY, ezpoints.default_config(), 100, list(ezpoints.VOCAB))}
+         "sokoban_6x6_1box": measure(sokoban.FAMILY, sokoban_config.env_config(), 100, list(sokoban.ACTIONS)),
+         "ezpoints": measure(ezpoints.FAMILY, ezpoints_config.env_config(), 100, list(ezpoints.VOCAB))}
   print(json.dumps(out))
 
 

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from configs import search as search_config
 from seed_jax.envs import base, retriever, search
 
 
@@ -86,7 +87,7 @@ def main() -> None:
       concurrent_qps = per_client * args.clients / (time.perf_counter() - t)
 
       # Search env steps (a search each), as the rollout loop drives them.
-      cfg = search.default_config()
+      cfg = search_config.env_config()
       cfg.retriever_url = url
       env = search.FAMILY.make_env(cfg)
       task = base.Task("bench", "test", "search", {"question": "q?", "golden_answers": ["x"]})

@@ -4,14 +4,15 @@ settings (SEED_ALGORITHM.md §5).
 Needs the official game files: --config.env.data_dir=/folder/holding/json_2.1.1 ("" = $ALFWORLD_DATA, else
 ~/.cache/alfworld, where `alfworld-download` puts them).
 """
+import ml_collections
+
 from configs import base
 from configs.sciworld import cpu_default, paper_default
-from seed_jax.envs import alfworld
 
 
 def get_config(variant: str = ""):
   c = base.get_base()
-  c.env = alfworld.default_config()
+  c.env = env_config()
   c.env.name = "alfworld"
   c.env.train_split = "train"
   c.eval.split = "valid_seen,valid_unseen"  # seen 140 / unseen 134 games with the official data
@@ -23,4 +24,24 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 30, 5
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/alfworld.py; known: '', 'paper'")
+  return c
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  # Folder holding json_2.1.1/. "" means $ALFWORLD_DATA, else ~/.cache/alfworld (alfworld-download's default).
+  c.data_dir = ""
+  # Episode cap (SEED paper: 30 steps); the rollout loop enforces it.
+  c.max_steps = 30
+  # Number of past (observation, action) pairs shown in each step prompt (SEED paper: 5).
+  c.history_length = 5
+  # Past observations in the prompt are clipped to this many characters (0 = no limit).
+  c.history_obs_chars = 0
+  # An answer without <think>...</think> is an invalid action.
+  c.require_think = True
+  # Pool deadlines: one step; one reset (loading a game file); a fresh worker importing the engine.
+  c.step_timeout_s = 30.0
+  c.reset_timeout_s = 120.0
+  c.start_timeout_s = 120.0
   return c

@@ -1,11 +1,18 @@
-"""Shared defaults of every run; environment configs start from `get_base()` and override."""
-import importlib
-import os
+"""Shared defaults of every run; environment configs start from `get_base()` and override.
 
+Plain data: this file imports no seed_jax module, so loading a config never pulls in the training stack.
+Every default lives here (or in the environment config); the package reads them from the config it is given.
+"""
 import ml_collections
 
-from seed_jax import objectives, sft, skills, stage1, update
-from seed_jax.infra import checkpoint, distributed, mesh, metrics
+
+def checkpoint(save_interval_steps: int) -> ml_collections.ConfigDict:
+  """Checkpoint settings (seed_jax.infra.checkpoint.Checkpointer); one fresh copy per user."""
+  c = ml_collections.ConfigDict()
+  c.max_to_keep = 3  # newest checkpoints kept; older steps are deleted after each successful save
+  c.save_interval_steps = save_interval_steps  # save() only writes steps divisible by this (force=True overrides)
+  c.async_save = True  # write in a background thread; training continues while arrays go to disk
+  return c
 
 
 def get_base() -> ml_collections.ConfigDict:
@@ -20,7 +27,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.model.tokenizer = ""  # "" = from model.path
   c.model.max_prompt_tokens = 1024  # step prompts are fitted to this by dropping the oldest history pairs
 
-  c.env = ml_collections.ConfigDict()  # filled by the environment config (name + its default_config())
+  c.env = ml_collections.ConfigDict()  # filled by the environment config (configs/<env>.py)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.tasks_per_update = 16  # B: distinct task instances per update
@@ -31,13 +38,68 @@ def get_base() -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 512
   c.rollout.stop_strings = ("</action>",)  # generation of a row also ends at these (after EOS)
 
-  c.analyzer = skills.default_config()
-  c.analyzer.enabled = True  # False = plain GRPO baseline (no analysis, no OPD), same code path
-  c.analyzer.start_update = 0  # OPD active from this update ...
-  c.analyzer.stop_update = -1  # ... until this one (exclusive); -1 = to the end
+  a = c.analyzer = ml_collections.ConfigDict()
+  a.backend = "policy"  # "policy": the current weights decode greedily; "external": an OpenAI-compatible server
+  a.max_prompt_tokens = 16384  # analysis prompts are fitted to this many tokens by dropping the oldest steps
+  a.max_new_tokens = 4096  # longest analysis reply (policy backend; the external one uses external.max_tokens)
+  a.max_skill_chars = 2000  # a longer skill is cut to this many characters (it enters every step prompt); 0 = no cap
+  a.success_threshold = 1.0  # episode return >= this counts as success for the analyzer's instruction
+  e = a.external = ml_collections.ConfigDict()
+  e.base_url = "http://127.0.0.1:8000/v1"  # POST {base_url}/chat/completions
+  e.model = ""  # model name sent in the request body
+  e.api_key_env = "OPENAI_API_KEY"  # name of the environment variable holding the key; "" = send no key
+  e.temperature = 0.0  # annotation is deterministic
+  e.max_tokens = 4096  # reply length limit sent to the server
+  e.timeout_s = 300.0  # per-request socket timeout
+  e.max_retries = 5  # retries after the first attempt on 408/429/5xx, timeouts and connection errors
+  e.backoff_base_s = 1.0  # wait before retry k is backoff_base_s * 2**k (times jitter), unless Retry-After says
+  e.backoff_max_s = 60.0  # cap on any single wait, Retry-After included
+  e.backoff_jitter = 0.25  # waits are multiplied by uniform(1, 1 + jitter) so parallel clients spread out
+  e.concurrency = 8  # requests in flight at once
+  e.json_retry = True  # one follow-up turn asking for the JSON object only when the reply does not parse
+  a.enabled = True  # False = plain GRPO baseline (no analysis, no OPD), same code path
+  a.start_update = 0  # OPD active from this update ...
+  a.stop_update = -1  # ... until this one (exclusive); -1 = to the end
 
-  c.objectives = objectives.default_config()
-  c.learner = update.default_config()  # the update step (optimizer, mini-batching, teacher)
+  o = c.objectives = ml_collections.ConfigDict()  # seed_jax.advantages (host) and seed_jax.losses (device)
+  # --- advantages (host) ---
+  o.adv_estimator = "grpo"  # "grpo" | "gigpo" (GRPO episode advantage + gigpo_weight · anchor-state step advantage)
+  o.norm_mode = "mean_std_norm"  # "mean_std_norm": (s − μ)/(σ + 1e-6); "mean_norm": s − μ (WebShop)
+  o.grpo_stats = "step"  # "step": μ, unbiased σ over all step-samples of a group (reference code);
+  #                        "trajectory": μ, population σ over the group's trajectory returns (paper)
+  o.invalid_penalty = 0.1  # c_inv subtracted from the score of a step whose action did not parse (Search: 0.01)
+  o.gigpo_gamma = 0.95  # γ of GiGPO's discounted step returns
+  o.gigpo_weight = 1.0  # ω in A = A^E + ω·A^S
+  o.gigpo_similarity = 1.0  # anchor-state match: 1.0 = identical text; < 1 = difflib ratio ≥ this value
+  # --- loss (device) ---
+  o.agg_mode = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
+  o.clip_low = 0.2  # ε_low: ratio clipped below at 1 − ε_low
+  o.clip_high = 0.2  # ε_high: ratio clipped above at 1 + ε_high (asymmetric "clip-higher" when > clip_low)
+  o.clip_c = 3.0  # dual-clip c: for A < 0 the loss is capped at −c·A
+  o.entropy_coef = 0.001  # c_H in pg − c_H·H (Search: 0)
+  o.kl_coef = 0.01  # c_KL for the KL to the reference (Search: 0.001; 0 disables, ref log-probs not needed)
+  o.kl_estimator = "low_var_kl"  # "k1" | "k2" | "low_var_kl" (k3)
+  o.opd_variant = "gated"  # "gated" | "positive_gap" | "reverse_kl_adv" | "teacher_adv" | "none"
+  o.opd_coef = 0.01  # λ_opd, weight of the OPD loss term ("gated", "positive_gap")
+  o.opd_beta = 5.0  # β of the gate g = σ(β·Δ)
+  o.opd_adv_coef = 1.0  # λ / w of the advantage-shaping variants ("reverse_kl_adv", "teacher_adv")
+
+  u = c.learner = ml_collections.ConfigDict()  # the update step (optimizer, mini-batching, teacher)
+  u.lr = 1e-6  # AdamW learning rate (peak, for schedules)
+  u.b1 = 0.9
+  u.b2 = 0.999
+  u.eps = 1e-8
+  u.weight_decay = 0.01
+  u.max_grad_norm = 1.0  # global-norm clip
+  u.schedule = "constant"  # "constant" | "warmup_cosine"
+  u.warmup_frac = 0.0  # share of total optimizer steps spent warming up (warmup_cosine)
+  u.total_steps = 0  # optimizer steps of the schedule (warmup_cosine); 0 = set by the pipeline
+  u.minibatch_size = 256  # step-samples per optimizer step (padded rows are masked, never duplicated)
+  u.micro_batch_size = 8  # step-samples per forward/backward; gradients accumulate over micro-batches
+  u.ppo_epochs = 1
+  u.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
+  u.remat = True  # rematerialize each layer in the backward pass (memory for compute)
+  u.dtype = "float32"  # compute dtype of the training forward
 
   c.sampler = ml_collections.ConfigDict()
   c.sampler.dtype = "float32"  # "bfloat16": bf16 weights and KV cache in generation (fp32 logits/softmax)
@@ -50,14 +112,22 @@ def get_base() -> ml_collections.ConfigDict:
 
   # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set
   # --config.mesh.shape / --config.mesh.dcn_shape by hand; a preset's fields win over hand-set ones.
-  c.mesh = mesh.default_config()
-  c.distributed = distributed.default_config()  # multi-process start-up (TPU pods detect themselves)
+  m = c.mesh = ml_collections.ConfigDict()
+  m.preset = ""  # name of configs/mesh/<preset>.py; its fields replace the ones below ("" = use them as set)
+  m.shape = (1, -1, 1)  # (data, fsdp, tensor) inside one slice; one entry may be -1 (= the remaining devices)
+  m.dcn_shape = (1, 1, 1)  # slices along (data, fsdp, tensor) over the data-center network; product = slices
+  m.ref_params_memory = "device"  # "device" | "pinned_host": where the frozen KL-reference weights are kept
+  d = c.distributed = ml_collections.ConfigDict()  # multi-process start-up (TPU pods detect themselves)
+  d.mode = "auto"  # "auto": join a cluster when one is configured or detected; "on": always; "off": never
+  d.coordinator_address = ""  # "host:port" of process 0 (CPU/GPU clusters); "" = let JAX detect it (TPU)
+  d.num_processes = 0  # with coordinator_address: the total number of processes
+  d.process_id = -1  # with coordinator_address: this process's index in [0, num_processes)
+  d.initialization_timeout_s = 300  # how long to wait for every process to join
 
   c.train = ml_collections.ConfigDict()
   c.train.num_updates = 150
   c.train.dump_trajectories = 4  # trajectories dumped as JSONL per update
-  c.train.checkpoint = checkpoint.default_config()
-  c.train.checkpoint.save_interval_steps = 1
+  c.train.checkpoint = checkpoint(save_interval_steps=1)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.temperature = 0.4
@@ -67,27 +137,67 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval.at_end = True
   c.eval.batch_envs = 0  # minimum pool size for evaluation (the pool has at least B*G envs)
 
-  c.log = metrics.default_config()
+  g = c.log = ml_collections.ConfigDict()
+  g.jsonl_name = "metrics.jsonl"  # per-step scalars, one JSON object per line, in the workdir
+  g.tensorboard = True  # write TensorBoard event files under <workdir>/<tb_subdir>
+  g.tb_subdir = "tb"
+  g.dump_subdir = "dumps"  # dump_jsonl writes <workdir>/<dump_subdir>/<name>_step<step:06d>.jsonl
+  g.wandb = False  # also log to Weights & Biases when the `wandb` package is importable
+  g.wandb_project = "seed_jax"
+  g.wandb_entity = ""  # "" = the account's default entity
+  g.wandb_run_name = ""  # "" = let W&B choose
+  g.wandb_mode = "online"  # "online" | "offline" | "disabled"
+  g.progress = True  # terminal progress bars per phase (only when stdout is a terminal)
 
-  c.collect = stage1.collect_config()  # stage "collect"
-  c.annotate = stage1.annotate_config()  # stage "annotate" ("external" uses analyzer.external)
-  c.sft = sft.default_config()  # stage "sft"
+  k = c.collect = ml_collections.ConfigDict()  # stage "collect"
+  k.num_tasks = 180  # N training tasks: the first N of the seeded permutation of the env's train panel
+  k.rollouts = 8  # K rollouts of each task (a group, all from the same reset state)
+  k.temperature = 0.4
+  k.top_p = 1.0
+  k.max_new_tokens = 512  # per step
+  k.tasks_per_batch = 16  # tasks played at once; the env pool has tasks_per_batch * rollouts envs
+  k.output = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
+
+  n = c.annotate = ml_collections.ConfigDict()  # stage "annotate" ("external" uses analyzer.external)
+  n.analyzer = "oracle"  # "oracle" (gold paths) | "local" (a seed_jax model, greedy) | "external" (config.analyzer.external)
+  n.input = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
+  n.output = ""  # kept SFT records; "" = <workdir>/sft_records.jsonl
+  n.log = ""  # every analysis (also the dropped ones), the resume state; "" = <workdir>/annotations.jsonl
+  n.max_prompt_tokens = 7168  # analysis prompts (chat template included) are fitted to this by dropping old steps
+  n.chunk = 64  # trajectories per analyzer call; each finished chunk is appended to the log
+  n.gold_envs = 8  # "oracle": envs resetting tasks in parallel to read their gold paths
+  n.local_model_path = ""  # "local": HF folder, .gguf file or "embedded"; its tokenizer comes from the same path
+  n.local_max_new_tokens = 1024  # "local": longest reply
+  n.local_max_batch = 16  # "local": rows per generation call
+  n.local_dtype = "float32"  # "local": sampler compute dtype ("float32" | "bfloat16")
+
+  f = c.sft = ml_collections.ConfigDict()  # stage "sft"
+  f.data = ""  # SFT records JSONL (prompt, response); "" = <workdir>/sft_records.jsonl
+  f.export_dir = ""  # HF folder written at the end (weights + tokenizer); "" = <workdir>/export
+  f.epochs = 3
+  f.batch_size = 8  # records per optimizer step (global batch)
+  # AdamW (read by update.make_optimizer): warmup to lr over warmup_frac of the steps, then cosine to 0.
+  f.lr = 5e-6
+  f.b1 = 0.9
+  f.b2 = 0.95
+  f.eps = 1e-8
+  f.weight_decay = 0.01
+  f.max_grad_norm = 1.0
+  f.schedule = "warmup_cosine"  # "warmup_cosine" | "constant"
+  f.warmup_frac = 0.1
+  f.total_steps = 0  # 0 = epochs * steps per epoch (set from the data)
+  f.max_len = 8192  # tokens of one record (prompt + response + EOS); longer records are dropped and counted
+  f.min_len_bucket = 64  # packed row lengths are powers of two from this up to max_len
+  f.micro_rows = 1  # packed rows per forward/backward; gradients accumulate over the step's rows
+  f.val_frac = 0.1  # share of records held out for the validation loss (0 = none)
+  f.val_every = 0  # optimizer steps between validation passes; 0 = at the end of every epoch
+  f.vocab_chunk = 128  # loss positions per vocabulary-projection chunk
+  f.remat = True  # rematerialize each layer in the backward pass
+  f.dtype = "float32"  # compute dtype of the forward ("float32" | "bfloat16")
+  f.checkpoint = checkpoint(save_interval_steps=50)
 
   c.generate = ml_collections.ConfigDict()
   c.generate.prompt = "What is the capital of France?"
   c.generate.max_new_tokens = 64
   c.generate.temperature = 0.0
   return c
-
-
-def mesh_presets() -> list[str]:
-  """Names of the mesh presets in configs/mesh/."""
-  folder = os.path.join(os.path.dirname(__file__), "mesh")
-  return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
-
-
-def load_mesh_preset(name: str) -> ml_collections.ConfigDict:
-  """configs/mesh/<name>.py's mesh: shape, dcn_shape and the hardware it was sized for."""
-  if name not in mesh_presets():
-    raise ValueError(f"unknown mesh preset {name!r}; known: {', '.join(mesh_presets())}")
-  return importlib.import_module(f"configs.mesh.{name}").get_mesh()

@@ -3,14 +3,15 @@
 The paper's policy is a vision model; the policies here read text, so the cards are named in text (the env's
 RGB rendering is turned off) and no history is shown, as in the paper. A solution takes 4 steps.
 """
+import ml_collections
+
 from configs import base
 from configs.sciworld import cpu_default, paper_default
-from seed_jax.envs import ezpoints
 
 
 def get_config(variant: str = ""):
   c = base.get_base()
-  c.env = ezpoints.default_config()
+  c.env = env_config()
   c.env.name = "ezpoints"
   c.env.train_split = "train"
   c.eval.split = "test"
@@ -24,4 +25,24 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 8, 0
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/ezpoints.py; known: '', 'paper'")
+  return c
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  c.max_steps = 8  # tokens per episode; the env ends the episode there (info["truncated"])
+  c.success_reward = 10.0  # reward when "=" evaluates to 12 with both cards used
+  c.require_think = True  # a response without <think>...</think> is invalid
+  c.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
+  c.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
+  c.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder
+  c.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
+  c.num_train_tasks = 10_000  # panel sizes; task i of a split deals from seed offset + i
+  c.num_test_tasks = 128
+  c.train_seed_offset = 0
+  c.test_seed_offset = 1_000_000
+  c.step_timeout_s = 10.0  # pool deadline of one step
+  c.reset_timeout_s = 30.0  # pool deadline of one reset
+  c.start_timeout_s = 60.0  # extra time for a fresh worker to start
   return c

@@ -3,8 +3,9 @@
 
 python -m seed_jax.main --config=configs/sciworld.py[:paper] [--config.model.path=...]
 """
+import ml_collections
+
 from configs import base, stage1
-from seed_jax.envs import sciworld
 
 
 def get_config(variant: str = ""):
@@ -12,7 +13,7 @@ def get_config(variant: str = ""):
   paper, stage = stage1.parse_variant(variant, "sciworld")
   variant = "paper" if paper else ""
   c = base.get_base()
-  c.env = sciworld.default_config()
+  c.env = env_config()
   c.env.name = "sciworld"
   c.env.train_split = "train"
   c.eval.split = "eval_l0,eval_l2"
@@ -48,3 +49,35 @@ def paper_default(c):
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
   c.learner.minibatch_size = 256
   c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  c.simplification = "easy"  # "" or comma-separated names from SIMPLIFICATIONS ("easy" = all of them)
+  c.task_types = ""  # comma-separated seen task types to use ("" = every type not held out)
+  # L2 hold-out: one task type from each topic, the harder sibling of a seen type (unknown substance, tertiary
+  # colours, unknown plant, ...), so the skills it needs are trained but the task itself never is. Held out of
+  # train/dev/eval_l0; the eval_l2 types.
+  c.unseen_task_types = ",".join((
+      "chemistry-mix-paint-tertiary-color", "find-animal", "freeze", "grow-fruit", "identify-life-stages-2",
+      "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived-then-shortest-lived",
+      "measure-melting-point-unknown-substance", "mendelian-genetics-unknown-plant",
+      "test-conductivity-of-unknown-substances"))
+  c.history_length = 5  # (observation, action) pairs shown in each step prompt
+  c.history_obs_chars = 300  # past observations are clipped to this many characters (0 = no limit)
+  c.max_steps = 30  # episode step limit (enforced by the rollout loop)
+  c.require_think = True  # a response without <think>...</think> is an invalid action
+  c.success_reward = 10.0  # reward of the step that completes the task with score 100; otherwise 0
+  c.dev_per_type = 3  # variations per seen type in the "dev" panel
+  c.eval_l0_per_type = 5  # variations per seen type in the "eval_l0" panel
+  c.eval_l2_per_type = 10  # variations per held-out type in the "eval_l2" panel
+  c.panel_seed = 0  # seed of the fixed dev/eval variation samples
+  c.gold_path = False  # generate the gold path at every reset (seconds per load); off = on demand
+  c.step_timeout_s = 60.0  # pool deadline of one step
+  c.reset_timeout_s = 180.0  # pool deadline of one reset / gold-path call (gold paths can take ~10 s)
+  c.start_timeout_s = 120.0  # extra time for a fresh worker to start its JVM
+  # Options for each simulator JVM. The serial collector halves a JVM's memory (~750 -> ~390 MB after a
+  # few hundred steps) at no step-time cost; many JVMs share few cores, so parallel GC threads only contend.
+  c.jvm_options = "-XX:+UseSerialGC"
+  return c

@@ -6,18 +6,19 @@ one: python -m seed_jax.envs.retriever --corpus passages.jsonl --port 8000. Both
 settings: invalid-action penalty 0.01, KL 0.001, no entropy bonus; generation stops after a </search> or
 </answer>.
 """
+import ml_collections
+
 from configs import base
 from configs.sciworld import cpu_default, paper_default
-from seed_jax.envs import search
 
 
 def get_config(variant: str = ""):
   c = base.get_base()
-  c.env = search.default_config()
+  c.env = env_config()
   c.env.name = "search"
   c.env.train_split = "train"
   c.eval.split = "test"  # Task.family is the data source: accuracy is reported per source
-  c.rollout.stop_strings = tuple(f"</{t}>" for t in search.TAGS)
+  c.rollout.stop_strings = ("</search>", "</answer>")  # the closing tags of seed_jax.envs.search.TAGS
   c.objectives.invalid_penalty = 0.01
   c.objectives.kl_coef, c.objectives.entropy_coef = 0.001, 0.0
   if variant == "":
@@ -28,4 +29,30 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 4, 4
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/search.py; known: '', 'paper'")
+  return c
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  c.max_steps = 4  # turns per episode; the env ends an unanswered episode there (info["truncated"])
+  c.history_length = 4  # past (observation, action) pairs shown in the prompt
+  c.history_obs_chars = 0  # past observations (retrieved passages) are clipped to this many characters (0 = none)
+  c.success_reward = 10.0  # env reward for an exact-match answer (the other text envs also give 10)
+  c.require_think = False  # whether a response without <think>...</think> is invalid (Search-R1 does not)
+  c.retriever_url = "http://127.0.0.1:8000/retrieve"  # Search-R1 style POST endpoint
+  c.topk = 3  # passages appended per search
+  c.timeout_s = 10.0  # per HTTP request
+  c.retries = 2  # extra attempts after a connection error or a 5xx reply
+  c.backoff_s = 0.5  # first retry delay; doubles each attempt
+  c.health_check = True  # probe the retriever once per process when an env is made
+  c.step_timeout_s = 60.0  # pool deadline of one step: above a search's worst case with its retries
+  c.reset_timeout_s = 30.0  # pool deadline of one reset
+  c.start_timeout_s = 60.0  # extra time for a fresh worker to start (and pass the health check)
+  # Question sources per split, comma-separated: paths to .jsonl/.parquet files or tfds:NAME[/CONFIG]:SPLIT.
+  c.train_files = ""
+  c.test_files = ""
+  c.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
+  c.max_tasks_per_source = 0  # >0: a fixed seeded subset of that many questions per data source
+  c.panel_seed = 0  # seed of that subset (panels are identical on every run and host)
   return c

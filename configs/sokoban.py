@@ -3,14 +3,15 @@
 The paper's policy is a vision model; the policies here read text, so the grid is shown as text (the env's RGB
 rendering is turned off) and no history is shown, as in the paper.
 """
+import ml_collections
+
 from configs import base
 from configs.sciworld import cpu_default, paper_default
-from seed_jax.envs import sokoban
 
 
 def get_config(variant: str = ""):
   c = base.get_base()
-  c.env = sokoban.default_config()
+  c.env = env_config()
   c.env.name = "sokoban"
   c.env.train_split = "train"
   c.eval.split = "test"
@@ -24,4 +25,34 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 15, 0
   else:
     raise ValueError(f"unknown variant {variant!r} of configs/sokoban.py; known: '', 'paper'")
+  return c
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  c.dim_room = (6, 6)  # rows, columns, outer walls included
+  c.num_boxes = 1
+  c.max_steps = 15  # moves per episode; the env ends the episode there (info["truncated"])
+  c.search_depth = 15  # reverse-play moves explored when generating; bounds the solution length
+  c.walk_steps = 20  # random-walk steps carving the floor (gym-sokoban: 1.7 x (rows + columns))
+  c.p_change_directions = 0.35  # chance per walk step of turning
+  c.step_penalty = -0.1  # gym-sokoban penalty_for_step
+  c.box_on_target_reward = 1.0  # gym-sokoban reward_box_on_target
+  c.box_off_target_penalty = -1.0  # gym-sokoban penalty_box_off_target
+  c.finish_reward = 10.0  # gym-sokoban reward_finished
+  c.require_think = True  # a response without <think>...</think> is invalid
+  c.history_length = 0  # past (observation, action) pairs in the prompt (SEED's Sokoban setting uses none)
+  c.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
+  c.observation = "text"  # "text": the grid goes in the prompt; "image": an <image> placeholder does
+  c.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
+  c.tile_px = 16  # pixels per cell of the RGB observation
+  c.solver_max_states = 200_000  # BFS budget of the gold-path solver
+  c.num_train_tasks = 10_000  # panel sizes; task i of a split uses seed offset + i
+  c.num_test_tasks = 128
+  c.train_seed_offset = 0
+  c.test_seed_offset = 1_000_000
+  c.step_timeout_s = 10.0  # pool deadline of one step
+  c.reset_timeout_s = 60.0  # pool deadline of one reset (level generation) or gold path (BFS solver)
+  c.start_timeout_s = 60.0  # extra time for a fresh worker to start
   return c

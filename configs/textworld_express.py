@@ -3,9 +3,10 @@
 Variants: "" = CPU-sized (coin, 2 rooms); "paper" = SEED's batch/group sizes and update settings;
 "collect" / "annotate" / "sft" (+ ",paper") = Stage 1 (configs/stage1.py).
 """
+import ml_collections
+
 from configs import base, stage1
 from configs.sciworld import cpu_default, paper_default
-from seed_jax.envs import textworld_express
 
 
 def get_config(variant: str = ""):
@@ -13,7 +14,7 @@ def get_config(variant: str = ""):
   paper, stage = stage1.parse_variant(variant, "textworld_express")
   variant = "paper" if paper else ""
   c = base.get_base()
-  c.env = textworld_express.default_config()
+  c.env = env_config()
   c.env.name = "textworld_express"
   c.env.train_split = "train"
   c.eval.split = "eval"
@@ -24,4 +25,27 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 30, 5
   if stage:
     stage1.apply(c, stage, paper)
+  return c
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
+  c = ml_collections.ConfigDict()
+  c.games = "coin"  # comma-separated game names from GAMES; panels list them in this order
+  # Generation parameters per game ("key=value,..." as the simulator takes them; "" = its defaults), one key
+  # per name in seed_jax.envs.textworld_express.GAMES. The default coin game is the tiny CPU setting: 2 rooms,
+  # no doors, no distractor items.
+  c.game_params = ml_collections.ConfigDict({g: "" for g in (
+      "coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")})
+  c.game_params.coin = "numLocations=2,includeDoors=0,numDistractorItems=0"
+  c.history_length = 3  # (observation, action) pairs shown in each step prompt
+  c.history_obs_chars = 300  # past observations are clipped to this many characters (0 = no limit)
+  c.max_steps = 20  # episode step limit (enforced by the rollout loop)
+  c.require_think = True  # a response without <think>...</think> is an invalid action
+  c.success_reward = 10.0  # reward of the step that solves the game; every other step gets 0
+  c.eval_per_game = 50  # seeds per game in the "dev" and "eval" panels
+  c.panel_seed = 0  # seed of the fixed dev/eval seed samples
+  c.step_timeout_s = 30.0  # pool deadline of one step
+  c.reset_timeout_s = 60.0  # pool deadline of one reset / gold-path call
+  c.start_timeout_s = 60.0  # extra time for a fresh worker to start its JVM
   return c

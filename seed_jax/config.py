@@ -1,12 +1,22 @@
-"""Start-up validation of the whole config: a bad field fails at once with a message naming it."""
+"""Start-up validation of the whole config: a bad field fails at once with a message naming it.
+
+`CHOICES` is the one table of allowed values; library functions that must reject a bad value when called
+directly read it too (`check_choice`). Defaults live in the config files (configs/), not here; mesh presets
+(configs/mesh/<name>.py) are read by path with `load_mesh_preset`, so the package never imports `configs`.
+"""
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 import ml_collections
 
-_CHOICES = {
+# configs/ beside the package (a checkout or an editable install): config files are found from any cwd.
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+MESH_PRESETS_DIR = os.path.join(CONFIGS_DIR, "mesh")
+
+CHOICES: dict[str, tuple[str, ...]] = {
     "stage": ("rl", "generate", "collect", "annotate", "sft"),
     "sampler.dtype": ("float32", "bfloat16"),
     "rescore.dtype": ("float32", "bfloat16"),
@@ -41,6 +51,23 @@ _NON_NEGATIVE = ("train.num_updates", "rollout.temperature", "rollout.top_k", "l
                  "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef")
 
 
+def mesh_presets() -> list[str]:
+  """Names of the mesh presets in configs/mesh/."""
+  return sorted(f[:-3] for f in os.listdir(MESH_PRESETS_DIR) if f.endswith(".py") and not f.startswith("_"))
+
+
+def load_mesh_preset(name: str) -> ml_collections.ConfigDict:
+  """configs/mesh/<name>.py's mesh: shape, dcn_shape and the hardware it was sized for. The file is read by
+  path, so `configs` need not be importable."""
+  if name not in mesh_presets():
+    raise ValueError(f"unknown mesh preset {name!r}; known: {', '.join(mesh_presets())}")
+  spec = importlib.util.spec_from_file_location(f"_seed_jax_mesh_preset_{name}",
+                                                os.path.join(MESH_PRESETS_DIR, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_mesh()
+
+
 def get(cfg: ml_collections.ConfigDict, path: str) -> Any:
   node = cfg
   for part in path.split("."):
@@ -50,10 +77,16 @@ def get(cfg: ml_collections.ConfigDict, path: str) -> Any:
   return node
 
 
+def check_choice(path: str, value: Any) -> None:
+  """Rejects a value outside CHOICES[path] with one line naming the field."""
+  allowed = CHOICES[path]
+  if value not in allowed:
+    raise ValueError(f"config.{path}={value!r} is not allowed; choose one of {allowed}")
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  for path, allowed in _CHOICES.items():
-    if get(cfg, path) not in allowed:
-      raise ValueError(f"config.{path}={get(cfg, path)!r} is not allowed; choose one of {allowed}")
+  for path in CHOICES:
+    check_choice(path, get(cfg, path))
   for path in _POSITIVE:
     if path.startswith("env.") and cfg.stage != "rl":
       continue

@@ -9,7 +9,11 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sciworld.py", "ml_collections config file[:variant]")
+from seed_jax.config import CONFIGS_DIR
+
+# The default is found beside the package, so a run from any directory works.
+_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(CONFIGS_DIR, "sciworld.py"),
+                                          "ml_collections config file[:variant]")
 _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, dumps); an existing one resumes. "
                                "Default: runs/<env>-<time>; the Stage 1 stages share runs/<env>-stage1")
 
@@ -21,7 +25,7 @@ def generate_once(cfg) -> str:
   spec, params = weights.load_model(cfg.model.path)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
-                                                     dtype=cfg.sampler.dtype))
+                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
   sp = SamplingParams(temperature=cfg.generate.temperature, max_new_tokens=cfg.generate.max_new_tokens)
   gen = sampler.generate(params, [tok.encode_chat(cfg.generate.prompt)], jax.random.key(cfg.seed), sp)[0]
   return tok.decode(gen.tokens)

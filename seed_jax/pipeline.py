@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import objectives, skills
+from seed_jax import advantages, losses, skills
 from seed_jax import update as update_lib
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
@@ -45,7 +45,7 @@ class Runtime:
   rescorer: Rescorer
   update_fn: Any
   optimizer: Any
-  loss_cfg: objectives.SeedLossConfig
+  loss_cfg: losses.SeedLossConfig
   init_params: Any  # also the frozen KL reference
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
@@ -55,9 +55,9 @@ class Runtime:
     self.pool.close()
 
 
-def effective_loss_config(cfg: ml_collections.ConfigDict) -> objectives.SeedLossConfig:
+def effective_loss_config(cfg: ml_collections.ConfigDict) -> losses.SeedLossConfig:
   """The loss settings; with the analyzer off there is no skill signal: plain GRPO on the same code path."""
-  loss_cfg = objectives.SeedLossConfig.from_config(cfg.objectives)
+  loss_cfg = losses.SeedLossConfig.from_config(cfg.objectives)
   if not cfg.analyzer.enabled and loss_cfg.uses_skill:
     loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")
   return loss_cfg
@@ -177,7 +177,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
     ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
                             cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
-  adv_N = objectives.compute_advantages(objectives.StepSamples.from_trajectories(good), cfg.objectives)
+  adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
   with timer.phase("update"):
@@ -212,7 +212,7 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
                                with_skill_prompts=skill_prompts)
       with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays
         state, sums = rt.update_fn(state, distributed.global_batch(mb, rt.mesh), jnp.float32(cfg.rollout.temperature))
-      for k, v in objectives.finalize_metrics(jax.device_get(sums)).items():
+      for k, v in losses.finalize_metrics(jax.device_get(sums)).items():
         sums_all[k] = sums_all.get(k, 0.0) + float(v)
       n_steps += 1
   out = {f"update/{k}": v / max(n_steps, 1) for k, v in sums_all.items()}

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from seed_jax.config import CONFIGS_DIR, load_mesh_preset
 from seed_jax.infra.mesh import MESH_AXES, logical_to_spec, resolve, resolve_shape
 from seed_jax.models import transformer
 from seed_jax.models.spec import ModelSpec
@@ -72,7 +73,6 @@ def mesh_sizes(mc: ml_collections.ConfigDict, n_devices: int | None = None) -> t
   mc = resolve(mc)
   if n_devices is None:
     if mc.get("preset"):
-      from configs.base import load_mesh_preset
       n_devices = int(load_mesh_preset(mc.preset).num_devices)
     elif -1 not in tuple(mc.shape):
       n_devices = math.prod(mc.shape) * math.prod(mc.dcn_shape)
@@ -166,7 +166,7 @@ class Workload:
   def from_config(cls, cfg: ml_collections.ConfigDict, data_parallel: int) -> "Workload":
     pow2_at_least = lambda n, lo=64: max(lo, 1 << (max(n, 1) - 1).bit_length())
     itemsize = 2 if cfg.sampler.dtype == "bfloat16" else 4
-    policy_analysis = cfg.analyzer.enabled and cfg.analyzer.get("backend", "policy") == "policy"
+    policy_analysis = cfg.analyzer.enabled and cfg.analyzer.backend == "policy"
     # The sampler rounds a call's rows up to a power of two (at least one per data-parallel device) and
     # splits larger requests into calls of sampler.max_batch rows.
     rows = lambda n: min(pow2_at_least(n, data_parallel), max(cfg.sampler.max_batch, data_parallel))
@@ -181,7 +181,7 @@ class Workload:
         prompt=pow2_at_least(cfg.model.max_prompt_tokens), response=pow2_at_least(cfg.rollout.max_new_tokens),
         micro_rows=cfg.learner.micro_batch_size * (2 if uses_skill and cfg.learner.teacher == "current" else 1),
         vocab_chunk=cfg.rescore.vocab_chunk, remat=bool(cfg.learner.remat),
-        reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.get("ref_params_memory", "device") == "device")
+        reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.ref_params_memory == "device")
 
 
 def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], remat: bool) -> int:
@@ -277,7 +277,6 @@ def main(argv):
   mesh, n_devices = mesh_sizes(cfg.mesh, flags.FLAGS.devices or None)
   device_memory = 0
   if cfg.mesh.preset:
-    from configs.base import load_mesh_preset
     device_memory = int(load_mesh_preset(cfg.mesh.preset).device_memory_bytes)
   w = Workload.from_config(cfg, mesh["data"] * mesh["fsdp"])
   out = plan(spec, mesh, w, device_memory)
@@ -289,7 +288,8 @@ def main(argv):
 if __name__ == "__main__":
   from absl import app, flags as _flags
   from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", "configs/sciworld.py", "ml_collections config file[:variant]")
+  config_flags.DEFINE_config_file("config", os.path.join(CONFIGS_DIR, "sciworld.py"),
+                                  "ml_collections config file[:variant]")
   _flags.DEFINE_string("preset", "", "mesh preset (configs/mesh/<name>.py); overrides config.mesh.preset")
   _flags.DEFINE_string("model", "", "model to plan for (known name, HF folder, config.json, .gguf); "
                        "default: config.model.path")

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from seed_jax.objectives import entropy_from_logits_BT
+from seed_jax.losses import entropy_from_logits_BT
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +86,21 @@ def rescore(params, prompt_CBP, pvalid_CBP, resp_BR, rmask_BR, temperature, *, s
   return logp.reshape(C, B, -1), ent.reshape(C, B, -1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RescorerConfig:
-  max_rows: int = 64  # rows (contexts x samples) per forward; more run as several passes
+  """max_rows, vocab_chunk and dtype have their defaults in config.rescore (configs/base.py) only."""
+  max_rows: int  # rows (contexts x samples) per forward; more run as several passes
   min_len_bucket: int = 64
   max_prompt_len: int = 4096
   max_response_len: int = 1024
-  vocab_chunk: int = 128  # response positions per vocabulary-projection chunk
-  dtype: str = "float32"
+  vocab_chunk: int  # response positions per vocabulary-projection chunk
+  dtype: str
 
 
 class Rescorer:
   """Host wrapper: pads ragged prompts/responses into bucketed arrays and runs `rescore` in row batches."""
 
-  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig = RescorerConfig(), mesh=None):
+  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None):
     self.spec, self.pad_id, self.cfg, self.mesh = spec, pad_id, cfg, mesh
     data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
     self.row_sizes = pow2_sizes(data, max(cfg.max_rows, data))

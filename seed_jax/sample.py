@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.config import check_choice
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
@@ -124,21 +125,21 @@ def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E,
   return s["tokens"], s["logps"], s["lengths"], s["reason"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
+  """max_batch and dtype have their defaults in config.sampler (configs/base.py) only."""
   max_prompt_len: int = 2048  # prompts longer than this are an error (callers truncate their history)
   min_batch: int = 1
-  max_batch: int = 64  # larger requests run as several batches
+  max_batch: int  # larger requests run as several batches
   min_prompt_bucket: int = 64
-  dtype: str = "float32"  # compute dtype of weights and KV cache: "float32" or "bfloat16"
+  dtype: str  # compute dtype of weights and KV cache: "float32" or "bfloat16"
 
 
 class Sampler:
   """Host wrapper: validates, buckets, batches and unpads. One instance per model spec and mesh."""
 
-  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig = SamplerConfig(), mesh=None):
-    if cfg.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"sampler dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
+  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None):
+    check_choice("sampler.dtype", cfg.dtype)
     self.spec, self.cfg, self.mesh = spec, cfg, mesh
     self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
     data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]

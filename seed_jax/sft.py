@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seed_jax import stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.config import check_choice
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.infra.metrics import MetricsWriter
@@ -38,35 +39,6 @@ from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import token_logprobs
 
 log = logging.getLogger(__name__)
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.data = ""  # SFT records JSONL (prompt, response); "" = <workdir>/sft_records.jsonl
-  c.export_dir = ""  # HF folder written at the end (weights + tokenizer); "" = <workdir>/export
-  c.epochs = 3
-  c.batch_size = 8  # records per optimizer step (global batch)
-  # AdamW (read by update.make_optimizer): warmup to lr over warmup_frac of the steps, then cosine to 0.
-  c.lr = 5e-6
-  c.b1 = 0.9
-  c.b2 = 0.95
-  c.eps = 1e-8
-  c.weight_decay = 0.01
-  c.max_grad_norm = 1.0
-  c.schedule = "warmup_cosine"  # "warmup_cosine" | "constant"
-  c.warmup_frac = 0.1
-  c.total_steps = 0  # 0 = epochs * steps per epoch (set from the data)
-  c.max_len = 8192  # tokens of one record (prompt + response + EOS); longer records are dropped and counted
-  c.min_len_bucket = 64  # packed row lengths are powers of two from this up to max_len
-  c.micro_rows = 1  # packed rows per forward/backward; gradients accumulate over the step's rows
-  c.val_frac = 0.1  # share of records held out for the validation loss (0 = none)
-  c.val_every = 0  # optimizer steps between validation passes; 0 = at the end of every epoch
-  c.vocab_chunk = 128  # loss positions per vocabulary-projection chunk
-  c.remat = True  # rematerialize each layer in the backward pass
-  c.dtype = "float32"  # compute dtype of the forward ("float32" | "bfloat16")
-  c.checkpoint = ckpt_lib.default_config()
-  c.checkpoint.save_interval_steps = 50
-  return c
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -265,8 +237,7 @@ def _check(cfg: ml_collections.ConfigDict) -> None:
   for field in ("epochs", "batch_size", "max_len", "min_len_bucket", "micro_rows", "vocab_chunk"):
     if not cfg[field] >= 1:
       raise ValueError(f"config.sft.{field}={cfg[field]!r} must be >= 1")
-  if cfg.schedule not in ("warmup_cosine", "constant"):
-    raise ValueError(f"config.sft.schedule={cfg.schedule!r}; allowed: 'warmup_cosine', 'constant'")
+  check_choice("sft.schedule", cfg.schedule)
 
 
 def _on_mesh(tree, mesh):

@@ -34,29 +34,6 @@ JSON_RETRY_MESSAGE = (f'Reply again with only the JSON object {{"{SUMMARY_FIELD}
                       " and no other text.")
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.backend = "policy"  # "policy": the current weights decode greedily; "external": an OpenAI-compatible server
-  c.max_prompt_tokens = 16384  # analysis prompts are fitted to this many tokens by dropping the oldest steps
-  c.max_new_tokens = 4096  # longest analysis reply (policy backend; the external one uses external.max_tokens)
-  c.max_skill_chars = 2000  # a longer skill is cut to this many characters (it enters every step prompt); 0 = no cap
-  c.success_threshold = 1.0  # episode return >= this counts as success for the analyzer's instruction
-  e = c.external = ml_collections.ConfigDict()
-  e.base_url = "http://127.0.0.1:8000/v1"  # POST {base_url}/chat/completions
-  e.model = ""  # model name sent in the request body
-  e.api_key_env = "OPENAI_API_KEY"  # name of the environment variable holding the key; "" = send no key
-  e.temperature = 0.0  # annotation is deterministic
-  e.max_tokens = 4096  # reply length limit sent to the server
-  e.timeout_s = 300.0  # per-request socket timeout
-  e.max_retries = 5  # retries after the first attempt on 408/429/5xx, timeouts and connection errors
-  e.backoff_base_s = 1.0  # wait before retry k is backoff_base_s * 2**k (times jitter), unless Retry-After says
-  e.backoff_max_s = 60.0  # cap on any single wait, Retry-After included
-  e.backoff_jitter = 0.25  # waits are multiplied by uniform(1, 1 + jitter) so parallel clients spread out
-  e.concurrency = 8  # requests in flight at once
-  e.json_retry = True  # one follow-up turn asking for the JSON object only when the reply does not parse
-  return c
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Analysis prompt
 

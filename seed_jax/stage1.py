@@ -38,34 +38,6 @@ RECORDS_FILE = "sft_records.jsonl"  # the kept records: annotate -> sft
 ANALYZERS = ("oracle", "local", "external")
 
 
-def collect_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.num_tasks = 180  # N training tasks: the first N of the seeded permutation of the env's train panel
-  c.rollouts = 8  # K rollouts of each task (a group, all from the same reset state)
-  c.temperature = 0.4
-  c.top_p = 1.0
-  c.max_new_tokens = 512  # per step
-  c.tasks_per_batch = 16  # tasks played at once; the env pool has tasks_per_batch * rollouts envs
-  c.output = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
-  return c
-
-
-def annotate_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.analyzer = "oracle"  # "oracle" (gold paths) | "local" (a seed_jax model, greedy) | "external" (config.analyzer.external)
-  c.input = ""  # trajectory JSONL; "" = <workdir>/trajectories.jsonl
-  c.output = ""  # kept SFT records; "" = <workdir>/sft_records.jsonl
-  c.log = ""  # every analysis (also the dropped ones), the resume state; "" = <workdir>/annotations.jsonl
-  c.max_prompt_tokens = 7168  # analysis prompts (chat template included) are fitted to this by dropping old steps
-  c.chunk = 64  # trajectories per analyzer call; each finished chunk is appended to the log
-  c.gold_envs = 8  # "oracle": envs resetting tasks in parallel to read their gold paths
-  c.local_model_path = ""  # "local": HF folder, .gguf file or "embedded"; its tokenizer comes from the same path
-  c.local_max_new_tokens = 1024  # "local": longest reply
-  c.local_max_batch = 16  # "local": rows per generation call
-  c.local_dtype = "float32"  # "local": sampler compute dtype ("float32" | "bfloat16")
-  return c
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Resumable JSONL
 

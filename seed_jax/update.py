@@ -17,29 +17,9 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax import objectives
+from seed_jax import losses
 from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import response_logprobs
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.lr = 1e-6  # AdamW learning rate (peak, for schedules)
-  c.b1 = 0.9
-  c.b2 = 0.999
-  c.eps = 1e-8
-  c.weight_decay = 0.01
-  c.max_grad_norm = 1.0  # global-norm clip
-  c.schedule = "constant"  # "constant" | "warmup_cosine"
-  c.warmup_frac = 0.0  # share of total optimizer steps spent warming up (warmup_cosine)
-  c.total_steps = 0  # optimizer steps of the schedule (warmup_cosine); 0 = set by the pipeline
-  c.minibatch_size = 256  # step-samples per optimizer step (padded rows are masked, never duplicated)
-  c.micro_batch_size = 8  # step-samples per forward/backward; gradients accumulate over micro-batches
-  c.ppo_epochs = 1
-  c.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
-  c.remat = True  # rematerialize each layer in the backward pass (memory for compute)
-  c.dtype = "float32"  # compute dtype of the training forward
-  return c
 
 
 @flax.struct.dataclass
@@ -106,8 +86,8 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   return TrainState(step=zero(shardings.step), params=params, opt_state=opt_state, skipped=zero(shardings.skipped))
 
 
-def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperature, *, spec: ModelSpec,
-               loss_cfg: objectives.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: str):
+def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature, *, spec: ModelSpec,
+               loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: str):
   """SEED loss of one micro-batch. With teacher="current" both contexts go through one forward and the
   skill-side log-probs are stop-gradient teachers."""
   B = mb.prompt_BP.shape[0]
@@ -121,14 +101,14 @@ def micro_loss(params, mb: MiniBatch, norm: objectives.LossNormalizers, temperat
     logp, ent, skill_logp = logp2[:B], ent2[:B], jax.lax.stop_gradient(logp2[B:])
   else:
     logp, ent = fwd(mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR)
-  return objectives.seed_loss(
+  return losses.seed_loss(
       logp, old_logp_BT=mb.old_logp_BR, adv=mb.adv_B, mask_BT=mb.rmask_BR, norm=norm, cfg=loss_cfg,
       entropy_BT=ent if loss_cfg.entropy_coef else None, ref_logp_BT=mb.ref_logp_BR if loss_cfg.kl_coef else None,
       skill_logp_BT=skill_logp if loss_cfg.uses_skill else None,
       opd_mask_B=mb.opd_mask_B if loss_cfg.uses_skill else None)
 
 
-def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimizer: optax.GradientTransformation,
+def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: optax.GradientTransformation,
                    *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool = True,
                    teacher: str = "old", state_shardings: TrainState | None = None) -> Callable:
   """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated.
@@ -145,8 +125,8 @@ def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimiz
     if M % micro_batch_size:
       raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
     n_micro = M // micro_batch_size
-    norm = objectives.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
-                                       loss_cfg.agg_mode)
+    norm = losses.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
+                                   loss_cfg.agg_mode)
     micro = jax.tree.map(lambda x: x.reshape((n_micro, micro_batch_size) + x.shape[1:]), batch)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, metrics_shape), _ = jax.eval_shape(loss_fn, state.params, first, norm, temperature)
@@ -155,7 +135,7 @@ def make_update_fn(spec: ModelSpec, loss_cfg: objectives.SeedLossConfig, optimiz
     def body(carry, mb):
       grads, sums = carry
       (_, metrics), g = loss_fn(state.params, mb, norm, temperature)
-      return (jax.tree.map(jnp.add, grads, g), objectives.accumulate_metrics(sums, metrics)), None
+      return (jax.tree.map(jnp.add, grads, g), losses.accumulate_metrics(sums, metrics)), None
 
     (grads, sums), _ = jax.lax.scan(body, (zeros(state.params), zeros(metrics_shape)), micro)
     grad_norm = optax.tree.norm(grads)

@@ -41,8 +41,8 @@ def wait_until_gone(pgids: set[int], timeout_s: float = 10.0) -> list[tuple[int,
 
 def panel_in_subprocess(module: str, split: str, hash_seed: str) -> list[dict]:
   """The task panel as built by a fresh interpreter with a different hash seed."""
-  code = (f"import json; from seed_jax.envs import {module} as m; "
-          f"print(json.dumps([t.to_json() for t in m.task_panel(m.default_config(), {split!r})]))")
+  code = (f"import json; from seed_jax.envs import {module} as m; from configs import {module} as c; "
+          f"print(json.dumps([t.to_json() for t in m.task_panel(c.env_config(), {split!r})]))")
   env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=REPO)
   out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=120, check=True)

@@ -30,12 +30,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from seed_jax import objectives, update  # noqa: E402
+from configs import base  # noqa: E402
+from seed_jax import update  # noqa: E402
 from seed_jax.infra import checkpoint as ckpt_lib  # noqa: E402
 from seed_jax.infra import distributed  # noqa: E402
 from seed_jax.infra import mesh as mesh_lib  # noqa: E402
 from seed_jax.models import transformer as tf  # noqa: E402
 from seed_jax.models import weights  # noqa: E402
+from seed_jax.losses import SeedLossConfig  # noqa: E402
 from seed_jax.models.spec import ModelSpec  # noqa: E402
 from tests.scale_helpers import numpy_params, random_minibatch  # noqa: E402
 
@@ -45,7 +47,7 @@ ROWS, PROMPT, RESPONSE = 16, 16, 8
 
 
 def optimizer():
-  cfg = update.default_config()
+  cfg = base.get_base().learner
   cfg.lr, cfg.eps = 1e-2, 1e-3  # as in test_scale: steps that move weights by ~1e-3..1e-2
   return update.make_optimizer(cfg)
 
@@ -72,7 +74,7 @@ def save_full(state, path: str):
 
 
 def restore(mesh, folder: str, out: str) -> None:
-  with ckpt_lib.Checkpointer(folder, read_only=True) as ckpt:
+  with ckpt_lib.Checkpointer(folder, base.get_base().train.checkpoint, read_only=True) as ckpt:
     state, meta = ckpt.restore(None, ckpt_lib.abstract_state(fresh_state(mesh)))
   assert all(x.sharding.mesh == mesh for x in jax.tree.leaves(state))
   save_full(state, out)
@@ -80,11 +82,11 @@ def restore(mesh, folder: str, out: str) -> None:
 
 def main():
   if A.num_processes > 1:
-    dc = distributed.default_config()
+    dc = base.get_base().distributed
     dc.coordinator_address, dc.num_processes, dc.process_id = f"127.0.0.1:{A.port}", A.num_processes, A.process_id
     dc.initialization_timeout_s = 60
     assert distributed.initialize(dc)
-  mc = mesh_lib.default_config()
+  mc = base.get_base().mesh
   mc.shape, mc.dcn_shape = tuple(map(int, A.shape.split(","))), tuple(map(int, A.dcn_shape.split(",")))
   mesh = mesh_lib.mesh_from_config(mc)
   if A.role == "restore":
@@ -92,7 +94,7 @@ def main():
     return
   state = fresh_state(mesh)
   opt = optimizer()
-  fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=8, chunk=8, remat=False,
+  fn = update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), opt, micro_batch_size=8, chunk=8, remat=False,
                              state_shardings=update.state_shardings(state.params, opt))
   # This process supplies its share of the global rows; the global batch is the same for any process count.
   share = ROWS // jax.process_count()
@@ -108,7 +110,7 @@ def main():
   init = numpy_params(SPEC)
   change = max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(jax.tree.leaves(full.params),
                                                                         jax.tree.leaves(init)))
-  with ckpt_lib.Checkpointer(A.ckpt) as ckpt:
+  with ckpt_lib.Checkpointer(A.ckpt, base.get_base().train.checkpoint) as ckpt:
     ckpt.save(2, state, metadata=dict(losses=losses), force=True)
   info = dict(losses=losses, max_param_change=change, process_index=jax.process_index(),
               process_count=jax.process_count(),

@@ -12,14 +12,14 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from configs import base
 from seed_jax.infra import checkpoint
 
 FP = {"model.num_layers": 2, "model.dims": [8, 4], "model.vocab": 32}
 
 
 def _cfg(**kw):
-  cfg = checkpoint.default_config()
-  cfg.save_interval_steps = 1
+  cfg = base.get_base().train.checkpoint  # save_interval_steps 1
   cfg.update(kw)
   return cfg
 
@@ -127,7 +127,7 @@ def test_restore_onto_another_sharding(tmp_path):
 def test_missing_dir_and_step(tmp_path):
   missing = tmp_path / "nope"
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    checkpoint.Checkpointer(str(missing), read_only=True)
+    checkpoint.Checkpointer(str(missing), _cfg(), read_only=True)
   with checkpoint.Checkpointer(str(tmp_path / "ck"), _cfg()) as ck:
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):
       ck.restore(None, {})
@@ -145,8 +145,9 @@ def test_crash_during_save_is_never_restored(tmp_path):
   ck.close()
   script = textwrap.dedent(f"""
       import os, jax.numpy as jnp
+      from configs import base
       from seed_jax.infra import checkpoint
-      cfg = checkpoint.default_config(); cfg.save_interval_steps = 1
+      cfg = base.get_base().train.checkpoint  # save_interval_steps 1
       ck = checkpoint.Checkpointer({str(tmp_path)!r}, cfg)
       ck.save(2, {{"big": jnp.ones((4096, 4096), jnp.float32)}}, {{"s": 2}})
       os._exit(0)  # dies while the background write is in progress

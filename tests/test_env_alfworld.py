@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from alfworld_data import build_data
+from configs import alfworld as alfworld_config
 from seed_jax.envs import alfworld, base
 
 
@@ -16,7 +17,7 @@ def data_dir(tmp_path_factory) -> str:
 
 
 def _cfg(data_dir):
-  cfg = alfworld.default_config()
+  cfg = alfworld_config.env_config()
   cfg.data_dir = data_dir
   return cfg
 
@@ -57,7 +58,7 @@ def test_missing_data_and_bad_split_are_clear_errors(tmp_path, monkeypatch):
     alfworld.FAMILY.tasks(_cfg(str(tmp_path)), "valid_seen")
   monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
   with pytest.raises(FileNotFoundError, match="nowhere"):
-    alfworld.data_root(alfworld.default_config())
+    alfworld.data_root(alfworld_config.env_config())
   (tmp_path / "json_2.1.1").mkdir()
   with pytest.raises(ValueError, match="split='test'"):
     alfworld.FAMILY.tasks(_cfg(str(tmp_path)), "test")
@@ -125,7 +126,7 @@ def test_pick_two_and_look_families_are_winnable(data_dir):
 
 
 def test_prompt_and_action_parsing():
-  cfg = alfworld.default_config()
+  cfg = alfworld_config.env_config()
   obs = base.Observation("You arrive at countertop 1.", "put a mug in cabinet.", ["look", "inventory"])
   history = [(f"obs {i}", f"act {i}") for i in range(7)]
   prompt = alfworld.FAMILY.render_prompt("put a mug in cabinet.", history, obs, cfg)

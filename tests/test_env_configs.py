@@ -78,4 +78,23 @@ def test_config_loads_validates_and_names_real_splits(name, variant, tmp_path):
 
 def test_search_stops_generation_after_its_answer_tags():
   from configs import search
+  from seed_jax.envs import search as search_env
   assert search.get_config("").rollout.stop_strings == ("</search>", "</answer>")
+  assert search.get_config("").rollout.stop_strings == tuple(f"</{t}>" for t in search_env.TAGS)
+
+
+def test_env_config_data_matches_the_package_tables():
+  """Config files hold plain data; where it lists the package's names, the lists agree."""
+  from configs import sciworld, textworld_express
+  from seed_jax.envs import sciworld as sciworld_env, textworld_express as twx_env
+  assert sorted(textworld_express.env_config().game_params) == sorted(twx_env.GAMES)
+  unseen = sciworld.env_config().unseen_task_types.split(",")
+  assert len(unseen) == 10 and set(unseen) <= set(sciworld_env.TASK_TYPES)
+
+
+@pytest.mark.parametrize("name", ENV_CONFIGS)
+def test_env_config_is_the_env_section_before_the_variant(name):
+  module = importlib.import_module(f"configs.{name}")
+  env = module.env_config()
+  assert "name" not in env
+  assert set(env) <= set(module.get_config("").env) == set(env) | {"name", "train_split"}

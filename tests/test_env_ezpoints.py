@@ -4,11 +4,12 @@ import itertools
 import numpy as np
 import pytest
 
+from configs import ezpoints as ezpoints_config
 from seed_jax.envs import base, ezpoints, ezpoints_image
 
 
 def _env(**overrides):
-  cfg = ezpoints.default_config()
+  cfg = ezpoints_config.env_config()
   cfg.update(overrides)
   return ezpoints.FAMILY.make_env(cfg), cfg
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from configs import search as search_config
 from seed_jax.envs import base, retriever, search, search_data
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "search")
@@ -26,7 +27,7 @@ def server():
 
 @pytest.fixture()
 def cfg(server):
-  c = search.default_config()
+  c = search_config.env_config()
   c.retriever_url = server.url
   c.test_files = QUESTIONS
   return c
@@ -144,7 +145,7 @@ def test_client_retries_a_flaky_server_then_gives_up():
 
 
 def test_unreachable_retriever_fails_at_construction():
-  c = search.default_config()
+  c = search_config.env_config()
   c.retriever_url = f"http://127.0.0.1:{_free_port()}/retrieve"
   c.backoff_s = 0.01
   t0 = time.time()
@@ -205,7 +206,7 @@ def test_wrong_answer_and_turn_limit(cfg):
 
 
 def _parse(response: str, think: bool = False) -> base.ParsedAction:
-  c = search.default_config()
+  c = search_config.env_config()
   c.require_think = think
   return search.parse_action(response, c)
 
@@ -287,7 +288,7 @@ def test_tfds_source_reads_prepared_dataset(tmp_path):
         yield 1, {"question": "capital of australia", "answer": ["Canberra"]}
 
   TinyNQ(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-  cfg = search.default_config()
+  cfg = search_config.env_config()
   cfg.test_files = "tfds:natural_questions_open:validation"
   cfg.tfds_data_dir = str(tmp_path)
   tasks = search.FAMILY.tasks(cfg, "test")

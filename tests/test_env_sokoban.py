@@ -2,11 +2,12 @@
 import numpy as np
 import pytest
 
+from configs import sokoban as sokoban_config
 from seed_jax.envs import base, sokoban, sokoban_levels
 
 
 def _env(**overrides):
-  cfg = sokoban.default_config()
+  cfg = sokoban_config.env_config()
   cfg.update(overrides)
   return sokoban.FAMILY.make_env(cfg), cfg
 

@@ -11,6 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from configs import webshop as webshop_config
 from seed_jax.envs import base, webshop, webshop_porter, webshop_reward, webshop_search
 
 FIXTURES = str(pathlib.Path(__file__).parent / "fixtures" / "webshop")
@@ -19,7 +20,7 @@ HAIR_GOAL = ("i need a long clip in hair extension which is natural looking, dar
 
 
 def _cfg(**overrides):
-  cfg = webshop.default_config()
+  cfg = webshop_config.env_config()
   cfg.data_dir = FIXTURES
   cfg.num_test_goals = 2
   for k, v in overrides.items():
@@ -66,7 +67,7 @@ def test_goals_splits_and_fixed_panels():
   assert [(t.task_id, t.family, t.spec) for t in test] == [
     ("test/0", "beauty", {"goal_idx": 0, "asin": "B0TEST0001"}), ("test/1", "food", {"goal_idx": 1, "asin": "B0TEST0004"})]
   assert [t.task_id for t in train] == ["train/2"]
-  assert webshop.default_config().num_test_goals == 500  # the paper's test panel: the first 500 goals
+  assert webshop_config.env_config().num_test_goals == 500  # the paper's test panel: the first 500 goals
   other_seed = webshop.catalog(_cfg(goal_seed=3)).goals
   assert sorted(g.asin for g in other_seed) == sorted(g.asin for g in goals)
   with pytest.raises(ValueError, match="split='valid'"):

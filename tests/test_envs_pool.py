@@ -7,6 +7,7 @@ import time
 import pytest
 
 from envs_helpers import live_processes_in_groups, wait_until_gone
+from configs import textworld_express as twx_config
 from seed_jax.envs import _MODULES, get_family
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import EnvError, Observation, StepResult
@@ -15,7 +16,7 @@ from seed_jax.envs.pool import EnvPool
 
 @pytest.fixture(scope="module")
 def cfg():
-  return twx.default_config()
+  return twx_config.env_config()
 
 
 @pytest.fixture(scope="module")

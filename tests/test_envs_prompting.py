@@ -1,6 +1,7 @@
 """Action parsing (SEED_ALGORITHM.md §1) and the shared step-prompt layout."""
 import pytest
 
+from configs import sciworld as sw_config, textworld_express as twx_config
 from seed_jax.envs import prompting
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Observation, ParsedAction
 
@@ -92,14 +93,14 @@ def test_family_prompts_have_task_and_turn_lines():
   obs_sw = Observation("This room is called the hallway.", "Your task is to boil water.", ["look around", "open OBJ"],
                        {"objects": ["door to kitchen", "air"]})
   for fam, obs in ((textworld_express.FAMILY, obs_twx), (sciworld.FAMILY, obs_sw)):
-    cfg = (textworld_express if fam.name == "textworld_express" else sciworld).default_config()
+    cfg = (twx_config if fam.name == "textworld_express" else sw_config).env_config()
     prompt = fam.render_prompt(obs.task_description, _history(9), obs, cfg)
     lines = prompt.split("\n")
     assert lines[1].startswith(TASK_LINE_PREFIX) and lines[-1].startswith(TURN_LINE_PREFIX)
     assert prompt.count(" action: ") == cfg.history_length
   assert "Valid actions: look around, take coin" in textworld_express.FAMILY.render_prompt(
-      "t", [], obs_twx, textworld_express.default_config())
-  sw_prompt = sciworld.FAMILY.render_prompt("t", [], obs_sw, sciworld.default_config())
+      "t", [], obs_twx, twx_config.env_config())
+  sw_prompt = sciworld.FAMILY.render_prompt("t", [], obs_sw, sw_config.env_config())
   assert "look around, open OBJ" in sw_prompt and "door to kitchen, air" in sw_prompt
 
 

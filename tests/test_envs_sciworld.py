@@ -2,6 +2,7 @@
 import pytest
 
 from envs_helpers import panel_in_subprocess, wait_until_gone
+from configs import sciworld as sw_config
 from seed_jax.envs import get_family
 from seed_jax.envs import sciworld as sw
 from seed_jax.envs.base import Task
@@ -10,7 +11,7 @@ from seed_jax.envs.pool import EnvPool, play_gold
 
 @pytest.fixture(scope="module")
 def cfg():
-  return sw.default_config()
+  return sw_config.env_config()
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +81,12 @@ def test_panels_are_fixed(cfg):
   sizes = {split: len(sw.task_panel(cfg, split)) for split in sw.SPLITS}
   assert sizes == {"train": 2512, "dev": 60, "eval_l0": 100, "eval_l2": 92}
   l0, l2 = sw.task_panel(cfg, "eval_l0"), sw.task_panel(cfg, "eval_l2")
-  assert l0 == sw.task_panel(sw.default_config(), "eval_l0")
+  assert l0 == sw.task_panel(sw_config.env_config(), "eval_l0")
   assert [t.task_id for t in l0[:3]] == ["sciworld/boil/21", "sciworld/boil/23", "sciworld/boil/24"]
   assert l0[0] == Task("sciworld/boil/21", "eval_l0", "sciworld",
                        {"task_name": "boil", "variation": 21, "simplification": "easy"}, "boil")
   seen, unseen = {t.family for t in sw.task_panel(cfg, "train")}, {t.family for t in l2}
-  assert len(seen) == 20 and unseen == set(sw.UNSEEN_TASK_TYPES) and not seen & unseen
+  assert len(seen) == 20 and unseen == set(sw_config.env_config().unseen_task_types.split(",")) and not seen & unseen
   for t in l0 + l2:  # eval variations come from the simulator's test range
     n_train, n_dev, _ = sw.VARIATION_SPLITS[t.family]
     assert t.spec["variation"] >= n_train + n_dev

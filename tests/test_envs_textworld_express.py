@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from envs_helpers import panel_in_subprocess
+from configs import textworld_express as twx_config
 from seed_jax.envs import get_family
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import EnvError, Task
@@ -12,7 +13,7 @@ from seed_jax.envs.pool import EnvPool, play_gold
 
 @pytest.fixture(scope="module")
 def cfg():
-  return twx.default_config()
+  return twx_config.env_config()
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_group_starts_identical_and_stays_in_lockstep(pool, cfg):
 
 def test_panels_are_fixed(cfg):
   eval_panel = twx.task_panel(cfg, "eval")
-  assert eval_panel == twx.task_panel(twx.default_config(), "eval")
+  assert eval_panel == twx.task_panel(twx_config.env_config(), "eval")
   assert len(eval_panel) == 50 and len(twx.task_panel(cfg, "dev")) == 50
   assert len(twx.task_panel(cfg, "train")) == 1000
   assert [t.spec["seed"] for t in eval_panel[:4]] == [20000, 20051, 20052, 20076]

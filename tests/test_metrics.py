@@ -12,6 +12,7 @@ import pytest
 from tensorboardX.crc32c import crc32c
 from tensorboardX.proto import event_pb2
 
+from configs import base
 from seed_jax.infra import metrics
 
 
@@ -42,7 +43,7 @@ def _read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_jsonl_round_trip_and_tensorboard(tmp_path):
-  cfg = metrics.default_config()
+  cfg = base.get_base().log
   with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
     w.write(1, {"loss": 0.25, "success": np.float32(0.5), "n_tokens": np.int64(1234), "kl": jnp.asarray(1e-3),
                 "nan": float("nan"), "inf": np.float32(np.inf), "skipped": True})
@@ -68,7 +69,7 @@ def test_jsonl_round_trip_and_tensorboard(tmp_path):
 
 def test_append_across_restarts(tmp_path):
   for step in (1, 2):
-    with metrics.MetricsWriter(str(tmp_path), is_writer=True) as w:
+    with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=base.get_base().log) as w:
       w.write(step, {"x": float(step)})
   steps = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert steps == [1, 2]
@@ -85,7 +86,7 @@ def test_bad_metric_values_raise(tmp_path):
 
 
 def _no_tb():
-  cfg = metrics.default_config()
+  cfg = base.get_base().log
   cfg.tensorboard = False
   return cfg
 
@@ -114,7 +115,7 @@ def test_dumps_land_in_the_right_files(tmp_path):
 
 def test_non_writer_writes_nothing(tmp_path):
   d = tmp_path / "w"
-  w = metrics.MetricsWriter(str(d), is_writer=False)
+  w = metrics.MetricsWriter(str(d), is_writer=False, cfg=base.get_base().log)
   rec = w.write(5, {"x": 1.0})
   assert (rec["step"], rec["x"]) == (5, 1.0)
   assert w.dump_jsonl("skills", 5, [{"a": 1}]) is None

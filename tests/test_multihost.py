@@ -100,11 +100,12 @@ def test_host_slice_is_a_deterministic_partition():
 
 
 def test_initialize_stays_single_process_without_a_cluster(monkeypatch):
+  from configs import base
   from seed_jax.infra import distributed
   for var in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
               "OMPI_COMM_WORLD_SIZE"):
     monkeypatch.delenv(var, raising=False)
-  dc = distributed.default_config()
+  dc = base.get_base().distributed
   assert distributed.initialize(dc) is False  # auto, nothing configured or detected
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a one-host TPU VM is not a cluster
   assert distributed.initialize(dc) is False

@@ -1,4 +1,5 @@
-"""Every formula in seed_jax.objectives against numbers worked out by hand."""
+"""Every formula in seed_jax.advantages and seed_jax.losses against numbers worked out by hand."""
+import dataclasses
 import math
 
 import jax
@@ -6,10 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seed_jax import objectives as ob
+from configs import base
+from seed_jax import advantages, losses
+from seed_jax.config import CHOICES
 from seed_jax.envs.base import Step, Task, Trajectory
 
 E = 1e-6  # the σ epsilon
+
+
+def loss_cfg(**overrides) -> losses.SeedLossConfig:
+  """The loss settings of config.objectives (configs/base.py) with `overrides` replaced."""
+  return dataclasses.replace(losses.SeedLossConfig.from_config(base.get_base().objectives), **overrides)
 
 
 def close(a, b, tol=1e-6):
@@ -19,7 +27,7 @@ def close(a, b, tol=1e-6):
 # ----------------------------------------------- GRPO -----------------------------------------------
 
 def test_penalized_scores():
-  close(ob.penalized_scores(np.array([10., 10., 0.]), np.array([False, True, True]), 0.1), [10., 9.9, -0.1])
+  close(advantages.penalized_scores(np.array([10., 10., 0.]), np.array([False, True, True]), 0.1), [10., 9.9, -0.1])
 
 
 def test_grpo_step_vs_trajectory_statistics_differ():
@@ -27,44 +35,44 @@ def test_grpo_step_vs_trajectory_statistics_differ():
   scores = np.array([10., 10., 0.])
   groups, trajs = np.array(["a", "a", "a"]), np.array([0, 0, 1])
   # Step-samples: μ = 20/3, unbiased σ² = ((10/3)²·2 + (20/3)²)/2 = 100/3, σ = 5.773503.
-  close(ob.grpo_step_advantages(scores, groups, "mean_std_norm"),
+  close(advantages.grpo_step_advantages(scores, groups, "mean_std_norm"),
         [(10 / 3) / (5.7735027 + E), (10 / 3) / (5.7735027 + E), -(20 / 3) / (5.7735027 + E)])
-  close(ob.grpo_step_advantages(scores, groups, "mean_std_norm"), [0.5773502, 0.5773502, -1.1547005])
+  close(advantages.grpo_step_advantages(scores, groups, "mean_std_norm"), [0.5773502, 0.5773502, -1.1547005])
   # Trajectories: returns {10, 0}: μ = 5, population σ = 5 → ±5/(5 + 1e-6), broadcast to each step.
-  close(ob.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_std_norm"),
+  close(advantages.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_std_norm"),
         [0.9999998, 0.9999998, -0.9999998])
-  close(ob.grpo_step_advantages(scores, groups, "mean_norm"), [10 / 3, 10 / 3, -20 / 3])
-  close(ob.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_norm"), [5., 5., -5.])
+  close(advantages.grpo_step_advantages(scores, groups, "mean_norm"), [10 / 3, 10 / 3, -20 / 3])
+  close(advantages.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_norm"), [5., 5., -5.])
 
 
 def test_grpo_trajectory_variant_keeps_penalty_in_numerator():
   # Step 1 of trajectory 0 is invalid: score 9.9; statistics still use R(τ) = {10, 0}.
   returns = np.array([10., 10., 0.])
-  scores = ob.penalized_scores(returns, np.array([False, True, False]), 0.1)
-  close(ob.grpo_trajectory_advantages(scores, returns, np.zeros(3), np.array([0, 0, 1]), "mean_std_norm"),
+  scores = advantages.penalized_scores(returns, np.array([False, True, False]), 0.1)
+  close(advantages.grpo_trajectory_advantages(scores, returns, np.zeros(3), np.array([0, 0, 1]), "mean_std_norm"),
         [5 / (5 + E), 4.9 / (5 + E), -5 / (5 + E)])
 
 
 def test_grpo_group_of_one_and_all_equal():
   # Group 7: one sample (μ=0, σ=1). Group 8: two steps of one trajectory, equal scores.
   scores, groups, trajs = np.array([10., 10., 10.]), np.array([7, 8, 8]), np.array([0, 0, 0])
-  close(ob.grpo_step_advantages(scores, groups, "mean_std_norm"), [10 / (1 + E), 0., 0.])
+  close(advantages.grpo_step_advantages(scores, groups, "mean_std_norm"), [10 / (1 + E), 0., 0.])
   # Per trajectory both groups hold one trajectory: μ=0, σ=1.
-  close(ob.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_std_norm"), [10 / (1 + E)] * 3)
-  close(ob.grpo_step_advantages(np.array([10.]), np.array([0]), "mean_norm"), [10.])
+  close(advantages.grpo_trajectory_advantages(scores, scores, groups, trajs, "mean_std_norm"), [10 / (1 + E)] * 3)
+  close(advantages.grpo_step_advantages(np.array([10.]), np.array([0]), "mean_norm"), [10.])
   # All-equal rewards in a group of 4 trajectories: A = 0 exactly, no NaN.
-  close(ob.grpo_trajectory_advantages(np.full(4, 3.), np.full(4, 3.), np.zeros(4), np.arange(4), "mean_std_norm"),
-        [0.] * 4)
-  close(ob.grpo_step_advantages(np.zeros(5), np.zeros(5), "mean_std_norm"), [0.] * 5)
+  close(advantages.grpo_trajectory_advantages(np.full(4, 3.), np.full(4, 3.), np.zeros(4), np.arange(4),
+                                              "mean_std_norm"), [0.] * 4)
+  close(advantages.grpo_step_advantages(np.zeros(5), np.zeros(5), "mean_std_norm"), [0.] * 5)
 
 
 def test_grpo_bad_input():
   with pytest.raises(ValueError, match="norm_mode"):
-    ob.grpo_step_advantages(np.ones(2), np.zeros(2), "std")
+    advantages.grpo_step_advantages(np.ones(2), np.zeros(2), "std")
   with pytest.raises(ValueError, match="differ in length"):
-    ob.grpo_step_advantages(np.ones(3), np.zeros(2), "mean_norm")
+    advantages.grpo_step_advantages(np.ones(3), np.zeros(2), "mean_norm")
   with pytest.raises(ValueError, match="constant within each trajectory"):
-    ob.grpo_trajectory_advantages(np.ones(2), np.array([1., 2.]), np.zeros(2), np.zeros(2), "mean_norm")
+    advantages.grpo_trajectory_advantages(np.ones(2), np.array([1., 2.]), np.zeros(2), np.zeros(2), "mean_norm")
 
 
 # ----------------------------------------------- GiGPO -----------------------------------------------
@@ -86,35 +94,37 @@ GIGPO_TRAJS = [
 
 
 def test_discounted_returns():
-  s = ob.StepSamples.from_trajectories(GIGPO_TRAJS)
+  s = advantages.StepSamples.from_trajectories(GIGPO_TRAJS)
   # γ = 0.5: τ0 [0 + .5·(0 + .5·10), 0 + .5·10, 10] = [2.5, 5, 10]; τ2 [1 + .5·3, 3] = [2.5, 3].
-  close(ob.discounted_returns(s.rewards_N, s.group_ids_N, s.traj_ids_N, s.step_idx_N, 0.5),
+  close(advantages.discounted_returns(s.rewards_N, s.group_ids_N, s.traj_ids_N, s.step_idx_N, 0.5),
         [2.5, 5., 10., 0., 0., 0., 0., 2.5, 3., 0.])
-  close(ob.discounted_returns(np.array([0., 0., 10.]), np.zeros(3), np.zeros(3), np.arange(3), 0.95),
+  close(advantages.discounted_returns(np.array([0., 0., 10.]), np.zeros(3), np.zeros(3), np.arange(3), 0.95),
         [9.025, 9.5, 10.])
   # Steps may come in any order; returns follow the step index, not the row order.
-  close(ob.discounted_returns(np.array([10., 0.]), np.zeros(2), np.zeros(2), np.array([1, 0]), 0.5), [10., 5.])
+  close(advantages.discounted_returns(np.array([10., 0.]), np.zeros(2), np.zeros(2), np.array([1, 0]), 0.5), [10., 5.])
   with pytest.raises(ValueError, match="step_idx_N"):
-    ob.discounted_returns(np.ones(2), np.zeros(2), np.zeros(2), np.array([0, 0]), 0.5)
+    advantages.discounted_returns(np.ones(2), np.zeros(2), np.zeros(2), np.array([0, 0]), 0.5)
   with pytest.raises(ValueError, match="step_idx_N"):
-    ob.discounted_returns(np.ones(2), np.zeros(2), np.zeros(2), np.array([0, 2]), 0.5)
+    advantages.discounted_returns(np.ones(2), np.zeros(2), np.zeros(2), np.array([0, 2]), 0.5)
 
 
 def test_anchor_groups():
-  s = ob.StepSamples.from_trajectories(GIGPO_TRAJS)
+  s = advantages.StepSamples.from_trajectories(GIGPO_TRAJS)
   # start(g1)=0, kitchen(g1)=1, fridge=2, hall=3, sink=4, start(g2)=5.
-  np.testing.assert_array_equal(ob.anchor_groups(s.observations, s.group_ids_N), [0, 1, 2, 0, 3, 1, 4, 0, 1, 5])
+  np.testing.assert_array_equal(advantages.anchor_groups(s.observations, s.group_ids_N, 1.0),
+                                [0, 1, 2, 0, 3, 1, 4, 0, 1, 5])
   obs = ["you are in the kitchen.", "you are in the kitchen!", "a dark cellar"]
-  np.testing.assert_array_equal(ob.anchor_groups(obs, np.zeros(3)), [0, 1, 2])
-  np.testing.assert_array_equal(ob.anchor_groups(obs, np.zeros(3), similarity=0.9), [0, 0, 1])
+  np.testing.assert_array_equal(advantages.anchor_groups(obs, np.zeros(3), 1.0), [0, 1, 2])
+  np.testing.assert_array_equal(advantages.anchor_groups(obs, np.zeros(3), similarity=0.9), [0, 0, 1])
   with pytest.raises(ValueError, match="similarity"):
-    ob.anchor_groups(obs, np.zeros(3), similarity=0.0)
+    advantages.anchor_groups(obs, np.zeros(3), similarity=0.0)
 
 
 def test_gigpo_step_and_combined_advantages():
-  s = ob.StepSamples.from_trajectories(GIGPO_TRAJS)
-  ret = ob.discounted_returns(s.rewards_N, s.group_ids_N, s.traj_ids_N, s.step_idx_N, 0.5)
-  step_adv = ob.gigpo_step_advantages(ret, ob.anchor_groups(s.observations, s.group_ids_N), "mean_std_norm")
+  s = advantages.StepSamples.from_trajectories(GIGPO_TRAJS)
+  ret = advantages.discounted_returns(s.rewards_N, s.group_ids_N, s.traj_ids_N, s.step_idx_N, 0.5)
+  anchor_N = advantages.anchor_groups(s.observations, s.group_ids_N, 1.0)
+  step_adv = advantages.gigpo_step_advantages(ret, anchor_N, "mean_std_norm")
   # "start" (g1) returns {2.5, 0, 2.5}: μ = 5/3, σ² = (2·(5/6)² + (5/3)²)/2 = 25/12, σ = 1.4433757.
   # "kitchen" returns {5, 0, 3}: μ = 8/3, σ² = ((7/3)² + (8/3)² + (1/3)²)/2 = 57/9, σ = 2.5166115.
   # fridge, hall, sink and start (g2) are singletons: 0.
@@ -128,23 +138,23 @@ def test_gigpo_step_and_combined_advantages():
   close(sd, 4.6308147)
   ae = {10.: (10 - mu) / (sd + E), 0.: -mu / (sd + E), 4.: (4 - mu) / (sd + E)}
   expect_E = [ae[10.]] * 3 + [ae[0.]] * 4 + [ae[4.]] * 2 + [0.]  # group 2: one sample, μ=0, σ=1, score 0
-  cfg = ob.default_config()
+  cfg = base.get_base().objectives
   cfg.adv_estimator, cfg.gigpo_gamma, cfg.gigpo_weight = "gigpo", 0.5, 2.0
-  close(ob.compute_advantages(s, cfg), np.array(expect_E) + 2.0 * np.array(expect_S))
+  close(advantages.compute_advantages(s, cfg), np.array(expect_E) + 2.0 * np.array(expect_S))
   cfg.adv_estimator = "grpo"
-  close(ob.compute_advantages(s, cfg), expect_E)
+  close(advantages.compute_advantages(s, cfg), expect_E)
 
 
 def test_compute_advantages_trajectory_stats_with_penalty():
   trajs = [_traj(0, 0, ["o", "o"], [0., 10.], valid=[False, True]), _traj(0, 1, ["o"], [0.])]
-  cfg = ob.default_config()
+  cfg = base.get_base().objectives
   cfg.grpo_stats = "trajectory"
   # Returns {10, 0}: μ = 5, σ = 5; the invalid step scores 10 − 0.1.
-  close(ob.compute_advantages(ob.StepSamples.from_trajectories(trajs), cfg),
+  close(advantages.compute_advantages(advantages.StepSamples.from_trajectories(trajs), cfg),
         [4.9 / (5 + E), 5 / (5 + E), -5 / (5 + E)])
   cfg.adv_estimator = "ppo"
   with pytest.raises(ValueError, match="adv_estimator"):
-    ob.compute_advantages(ob.StepSamples.from_trajectories(trajs), cfg)
+    advantages.compute_advantages(advantages.StepSamples.from_trajectories(trajs), cfg)
 
 
 # ------------------------------------------ per-token terms ------------------------------------------
@@ -153,51 +163,51 @@ def test_ppo_dual_clip():
   adv = jnp.array([[1., 1., 1., -1., -1., -1., 2., -2., -1.]])
   log_r = jnp.log(jnp.array([[1., 1.5, 0.5, 1.5, 5., 0.5, 1., 1., 1.]]))
   log_r = log_r.at[0, 6:8].set(100.).at[0, 8].set(-100.)  # extreme ratios, clamped at e^±20
-  t = ob.ppo_dual_clip_BT(log_r - 3.0, jnp.full((1, 9), -3.0), adv, 0.2, 0.2, 3.0)
+  t = losses.ppo_dual_clip_BT(log_r - 3.0, jnp.full((1, 9), -3.0), adv, 0.2, 0.2, 3.0)
   close(t.loss_BT, [[-1., -1.2, -0.5, 1.5, 3., 0.8, -2.4, 6., 0.8]], 1e-5)
   close(t.clipped_BT, [[0, 1, 0, 0, 0, 1, 1, 0, 1]])
   close(t.dual_clipped_BT, [[0, 0, 0, 0, 1, 0, 0, 1, 0]])
   close(t.ratio_BT[0, 6:], [math.exp(20), math.exp(20), math.exp(-20)], 1e-5)
-  grad = jax.grad(lambda l: ob.ppo_dual_clip_BT(l, jnp.zeros((1, 9)), adv).loss_BT.sum())(log_r)
+  grad = jax.grad(lambda l: losses.ppo_dual_clip_BT(l, jnp.zeros((1, 9)), adv, 0.2, 0.2, 3.0).loss_BT.sum())(log_r)
   assert np.isfinite(np.asarray(grad)).all()
   # Asymmetric clip-higher: ε_high = 0.28 lets A > 0 tokens rise to r = 1.28.
-  close(ob.ppo_dual_clip_BT(jnp.log(jnp.array([1.5])), jnp.zeros(1), jnp.ones(1), 0.2, 0.28).loss_BT, [-1.28])
+  close(losses.ppo_dual_clip_BT(jnp.log(jnp.array([1.5])), jnp.zeros(1), jnp.ones(1), 0.2, 0.28, 3.0).loss_BT, [-1.28])
 
 
 def test_kl_estimators():
   logp, ref = jnp.array([-1., -2., -50., 0.]), jnp.array([-2., -1., 0., -50.])
-  close(ob.kl_BT(logp, ref, "k1"), [1., -1., -50., 50.])
-  close(ob.kl_BT(logp, ref, "k2"), [0.5, 0.5, 1250., 1250.])
+  close(losses.kl_BT(logp, ref, "k1"), [1., -1., -50., 50.])
+  close(losses.kl_BT(logp, ref, "k2"), [0.5, 0.5, 1250., 1250.])
   # k3: x = ℓ_ref − ℓ: e^x − x − 1 = [e^−1, e − 2, clamp(e^20 − 21), clamp(e^−20 + 19)].
-  close(ob.kl_BT(logp, ref, "low_var_kl"), [0.3678794, 0.7182818, 10., 10.])
+  close(losses.kl_BT(logp, ref, "low_var_kl"), [0.3678794, 0.7182818, 10., 10.])
   # ℓ_ref − ℓ = 100 would overflow exp in fp32: the inner clamp keeps value and gradient finite.
-  g = jax.grad(lambda lp: ob.kl_BT(lp, jnp.zeros(2), "low_var_kl").sum())(jnp.array([-100., -1.]))
+  g = jax.grad(lambda lp: losses.kl_BT(lp, jnp.zeros(2), "low_var_kl").sum())(jnp.array([-100., -1.]))
   close(g, [0., 1. - math.exp(1.)])  # d/dℓ [e^{−ℓ} + ℓ − 1] = 1 − e^{−ℓ}; 0 where clamped
   with pytest.raises(ValueError, match="kl_estimator"):
-    ob.kl_BT(logp, ref, "k4")
+    losses.kl_BT(logp, ref, "k4")
 
 
 def test_entropy():
   logits = jnp.array([[[0., 0., 0., 0.], [0., math.log(3.), -jnp.inf, -jnp.inf],
                        [0., 0., -jnp.inf, -jnp.inf], [1000., 1000., -1000., -1000.]]])
   # ln 4; −(¼ ln ¼ + ¾ ln ¾); ln 2; ln 2.
-  close(ob.entropy_from_logits_BT(logits), [[1.3862944, 0.5623351, 0.6931472, 0.6931472]])
-  close(ob.entropy_BT(logits * 2.0, temperature=2.0), [[1.3862944, 0.5623351, 0.6931472, 0.6931472]])
-  grad = jax.grad(lambda x: ob.entropy_from_logits_BT(x).sum())(logits)
+  close(losses.entropy_from_logits_BT(logits), [[1.3862944, 0.5623351, 0.6931472, 0.6931472]])
+  close(losses.entropy_BT(logits * 2.0, temperature=2.0), [[1.3862944, 0.5623351, 0.6931472, 0.6931472]])
+  grad = jax.grad(lambda x: losses.entropy_from_logits_BT(x).sum())(logits)
   assert np.isfinite(np.asarray(grad)).all()
   close(grad[0, 2], [0., 0., 0., 0.])  # uniform over two tokens: a maximum
 
 
 def test_opd_gated_and_positive_gap():
   logp, skill = jnp.array([-1., -2., -0.5]), jnp.array([-0.5, -2.3, -0.5])
-  t = ob.opd_gated_BT(logp, skill, beta=5.0)
+  t = losses.opd_gated_BT(logp, skill, beta=5.0)
   close(t.gap_BT, [0.5, -0.3, 0.])
   close(t.gate_BT, [0.9241418, 0.1824255, 0.5])  # σ(2.5), σ(−1.5), σ(0)
   close(t.loss_BT, [0.4620709, -0.0547277, 0.])
-  p = ob.opd_gated_BT(logp, skill, beta=5.0, positive_gap=True)
+  p = losses.opd_gated_BT(logp, skill, beta=5.0, positive_gap=True)
   close(p.loss_BT, [0.4620709, 0., 0.])
   close(p.active_BT, [1., 0., 0.])
-  close(ob.opd_advantage_BT(logp, skill, 2.0), [1.0, -0.6, 0.])
+  close(losses.opd_advantage_BT(logp, skill, 2.0), [1.0, -0.6, 0.])
 
 
 def test_opd_gradient_is_minus_gate_over_active_count():
@@ -205,12 +215,12 @@ def test_opd_gradient_is_minus_gate_over_active_count():
   skill = jnp.array([[-0.5, -2.3, -0.5], [-0.1, -0.9, -1.2], [0., 0., 0.]])
   mask = jnp.array([[1, 1, 0], [1, 1, 1], [1, 1, 1]])
   analyzed = jnp.array([1, 1, 0])  # row 2's analysis failed: no OPD signal there
-  m = ob.opd_mask_BT(mask, analyzed)
-  n = ob.loss_normalizer(m, "token-mean")
+  m = losses.opd_mask_BT(mask, analyzed)
+  n = losses.loss_normalizer(m, "token-mean")
   close(n, 5.)
 
   def loss(lp, sk, positive_gap=False):
-    return ob.aggregate(ob.opd_gated_BT(lp, sk, 5.0, positive_gap).loss_BT, m, "token-mean", n)
+    return losses.aggregate(losses.opd_gated_BT(lp, sk, 5.0, positive_gap).loss_BT, m, "token-mean", n)
 
   gate = jax.nn.sigmoid(5.0 * (skill - logp))
   close(jax.grad(loss)(logp, skill), jnp.where(m, -gate / 5.0, 0.))
@@ -228,41 +238,41 @@ def test_aggregation_modes():
   mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
   for mode, n, value in (("token-mean", 3., 7 / 3), ("seq-mean-token-mean", 2., (1.5 + 4.) / 2),
                          ("seq-mean-token-sum", 2., (3. + 4.) / 2)):
-    close(ob.loss_normalizer(mask, mode), n)
-    close(ob.aggregate(loss, mask, mode, ob.loss_normalizer(mask, mode)), value)
+    close(losses.loss_normalizer(mask, mode), n)
+    close(losses.aggregate(loss, mask, mode, losses.loss_normalizer(mask, mode)), value)
     # Empty mask: normalizer floors at 1, loss 0, no NaN.
     empty = jnp.zeros((3, 3))
-    close(ob.loss_normalizer(empty, mode), 1.)
-    close(ob.aggregate(loss, empty, mode, ob.loss_normalizer(empty, mode)), 0.)
+    close(losses.loss_normalizer(empty, mode), 1.)
+    close(losses.aggregate(loss, empty, mode, losses.loss_normalizer(empty, mode)), 0.)
   with pytest.raises(ValueError, match="agg_mode"):
-    ob.loss_normalizer(mask, "sum")
+    losses.loss_normalizer(mask, "sum")
 
 
 # --------------------------------------------- seed_loss ---------------------------------------------
 
 def test_seed_loss_total_by_hand():
-  cfg = ob.SeedLossConfig()  # c_H 0.001, c_KL 0.01 (k3), λ_opd 0.01 gated, β 5, token-mean
+  cfg = loss_cfg()  # c_H 0.001, c_KL 0.01 (k3), λ_opd 0.01 gated, β 5, token-mean
   mask, analyzed = jnp.ones((1, 2)), jnp.ones(1)
   args = dict(old_logp_BT=jnp.array([[-1., -2.]]), adv=jnp.array([1.]), mask_BT=mask,
-              norm=ob.loss_normalizers(mask, analyzed, cfg.agg_mode), cfg=cfg, entropy_BT=jnp.array([[1., 2.]]),
+              norm=losses.loss_normalizers(mask, analyzed, cfg.agg_mode), cfg=cfg, entropy_BT=jnp.array([[1., 2.]]),
               ref_logp_BT=jnp.array([[-2., -1.]]), skill_logp_BT=jnp.array([[-0.5, -2.3]]), opd_mask_B=analyzed)
-  loss, m = ob.seed_loss(jnp.array([[-1., -2.]]), **args)
+  loss, m = losses.seed_loss(jnp.array([[-1., -2.]]), **args)
   # pg: r = 1, A = 1 → −1. H mean 1.5. k3 mean (e^−1 + e − 2)/2 = 0.5430806. OPD mean (0.4620709 − 0.0547277)/2.
   close(m["pg_term"], -1.)
   close(m["kl_term"], 0.5430806)
   close(m["opd_term"], 0.2036716)
   close(loss, -1. - 0.001 * 1.5 + 0.01 * 0.5430806 + 0.01 * 0.2036716)
   close(loss, -0.9940325)
-  f = ob.finalize_metrics(m)
+  f = losses.finalize_metrics(m)
   close([f["opd_gate_mean"], f["opd_gate_high_frac"], f["opd_gap_mean"], f["opd_active_tokens"]],
         [(0.9241418 + 0.1824255) / 2, 0.5, 0.1, 2.])
   close([f["pg_clipfrac"], f["ratio_mean"], f["ratio_max"], f["entropy"], f["tokens"]], [0., 1., 1., 1.5, 2.])
   # The whole loss has a gradient only through ℓ: teacher, old, reference and advantages get exactly 0.
   for name in ("old_logp_BT", "ref_logp_BT", "skill_logp_BT", "adv"):
-    g = jax.grad(lambda x, name=name: ob.seed_loss(jnp.array([[-1., -2.]]), **{**args, name: x})[0])(args[name])
+    g = jax.grad(lambda x, name=name: losses.seed_loss(jnp.array([[-1., -2.]]), **{**args, name: x})[0])(args[name])
     assert np.all(np.asarray(g) == 0.), name
   # jit with the config static.
-  close(jax.jit(ob.seed_loss, static_argnames="cfg")(jnp.array([[-1., -2.]]), **args)[0], -0.9940325)
+  close(jax.jit(losses.seed_loss, static_argnames="cfg")(jnp.array([[-1., -2.]]), **args)[0], -0.9940325)
 
 
 def test_seed_loss_advantage_variants():
@@ -271,9 +281,9 @@ def test_seed_loss_advantage_variants():
   r0 = math.exp(-0.1)
 
   def run(variant):
-    cfg = ob.SeedLossConfig(opd_variant=variant, entropy_coef=0., kl_coef=0., opd_adv_coef=1.0)
-    return ob.seed_loss(logp, old_logp_BT=jnp.array([[-1., -2.]]), adv=jnp.ones((1, 2)), mask_BT=mask,
-                        norm=ob.loss_normalizers(mask, analyzed, cfg.agg_mode), cfg=cfg,
+    cfg = loss_cfg(opd_variant=variant, entropy_coef=0., kl_coef=0., opd_adv_coef=1.0)
+    return losses.seed_loss(logp, old_logp_BT=jnp.array([[-1., -2.]]), adv=jnp.ones((1, 2)), mask_BT=mask,
+                        norm=losses.loss_normalizers(mask, analyzed, cfg.agg_mode), cfg=cfg,
                         skill_logp_BT=jnp.array([[-0.5, -2.3]]), opd_mask_B=analyzed)[0]
 
   # teacher_adv: A = 1 + (ℓ_skill − ℓ_old) = [1.5, 0.7]; r = [e^−0.1, 1] (inside the clip range).
@@ -283,34 +293,36 @@ def test_seed_loss_advantage_variants():
   close(run("none"), (-r0 - 1.) / 2)
   # The shaped advantage is built from stop-gradient quantities: no gradient into teacher or old log-probs.
   for variant in ("teacher_adv", "reverse_kl_adv"):
-    cfg = ob.SeedLossConfig(opd_variant=variant, entropy_coef=0., kl_coef=0.)
-    f = lambda old, skill, cfg=cfg: ob.seed_loss(
-        logp, old_logp_BT=old, adv=jnp.ones(1), mask_BT=mask, norm=ob.loss_normalizers(mask, analyzed, "token-mean"),
+    cfg = loss_cfg(opd_variant=variant, entropy_coef=0., kl_coef=0.)
+    f = lambda old, skill, cfg=cfg: losses.seed_loss(
+        logp, old_logp_BT=old, adv=jnp.ones(1), mask_BT=mask,
+        norm=losses.loss_normalizers(mask, analyzed, "token-mean"),
         cfg=cfg, skill_logp_BT=skill, opd_mask_B=analyzed)[0]
     for g in jax.grad(f, argnums=(0, 1))(jnp.array([[-1., -2.]]), jnp.array([[-0.5, -2.3]])):
       assert np.all(np.asarray(g) == 0.), variant
   # Its gradient is the PPO one for the shaped A: −A·r/N on unclipped tokens.
-  close(jax.grad(lambda lp: ob.seed_loss(
+  close(jax.grad(lambda lp: losses.seed_loss(
       lp, old_logp_BT=jnp.array([[-1., -2.]]), adv=jnp.ones(1), mask_BT=mask,
-      norm=ob.loss_normalizers(mask, analyzed, "token-mean"),
-      cfg=ob.SeedLossConfig(opd_variant="reverse_kl_adv", entropy_coef=0., kl_coef=0.),
+      norm=losses.loss_normalizers(mask, analyzed, "token-mean"),
+      cfg=loss_cfg(opd_variant="reverse_kl_adv", entropy_coef=0., kl_coef=0.),
       skill_logp_BT=jnp.array([[-0.5, -2.3]]), opd_mask_B=analyzed)[0])(logp), [[-1.6 * r0 / 2, -0.7 / 2]])
 
 
 def test_seed_loss_bad_input():
   with pytest.raises(ValueError, match="clip_c"):
-    ob.SeedLossConfig(clip_c=1.0)
-  with pytest.raises(ValueError, match="opd_variant"):
-    ob.SeedLossConfig(opd_variant="kl")
-  cfg = ob.SeedLossConfig()
+    loss_cfg(clip_c=1.0)
+  cfg = loss_cfg()
   mask = jnp.ones((1, 2))
+  with pytest.raises(ValueError, match="config.objectives.opd_variant='kl' is not allowed"):
+    losses.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
+                     norm=losses.loss_normalizers(mask, None, cfg.agg_mode), cfg=loss_cfg(opd_variant="kl"))
   with pytest.raises(ValueError, match="skill_logp_BT"):
-    ob.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
-                 norm=ob.loss_normalizers(mask, None, cfg.agg_mode), cfg=cfg)
+    losses.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
+                 norm=losses.loss_normalizers(mask, None, cfg.agg_mode), cfg=cfg)
   with pytest.raises(ValueError, match="entropy"):
-    ob.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
-                 norm=ob.loss_normalizers(mask, None, cfg.agg_mode), cfg=ob.SeedLossConfig(opd_variant="none"))
-  assert ob.SeedLossConfig.from_config(ob.default_config()) == cfg
+    losses.seed_loss(jnp.zeros((1, 2)), old_logp_BT=jnp.zeros((1, 2)), adv=jnp.ones(1), mask_BT=mask,
+                 norm=losses.loss_normalizers(mask, None, cfg.agg_mode), cfg=loss_cfg(opd_variant="none"))
+  assert losses.SeedLossConfig.from_config(base.get_base().objectives) == cfg
 
 
 def _minibatch(seed=0, B=8, T=5):
@@ -325,20 +337,20 @@ def _minibatch(seed=0, B=8, T=5):
               analyzed=jnp.asarray([1, 0, 1, 1, 0, 1, 1, 1], jnp.float32))
 
 
-@pytest.mark.parametrize("mode", ob.AGG_MODES)
+@pytest.mark.parametrize("mode", CHOICES["objectives.agg_mode"])
 @pytest.mark.parametrize("variant", ["gated", "positive_gap", "reverse_kl_adv"])
 def test_microbatch_split_invariance(mode, variant):
   d = _minibatch()
-  cfg = ob.SeedLossConfig(agg_mode=mode, opd_variant=variant, opd_coef=0.5, entropy_coef=0.1, kl_coef=0.2)
-  norm = ob.loss_normalizers(d["mask"], d["analyzed"], mode)  # once, for the whole mini-batch
+  cfg = loss_cfg(agg_mode=mode, opd_variant=variant, opd_coef=0.5, entropy_coef=0.1, kl_coef=0.2)
+  norm = losses.loss_normalizers(d["mask"], d["analyzed"], mode)  # once, for the whole mini-batch
 
   def total(logp, k):
     loss, sums = 0., None
     for idx in np.array_split(np.arange(8), k):
-      l, m = ob.seed_loss(logp[idx], old_logp_BT=d["old"][idx], adv=d["adv"][idx], mask_BT=d["mask"][idx],
+      l, m = losses.seed_loss(logp[idx], old_logp_BT=d["old"][idx], adv=d["adv"][idx], mask_BT=d["mask"][idx],
                           norm=norm, cfg=cfg, entropy_BT=d["ent"][idx], ref_logp_BT=d["ref"][idx],
                           skill_logp_BT=d["skill"][idx], opd_mask_B=d["analyzed"][idx])
-      loss, sums = loss + l, m if sums is None else ob.accumulate_metrics(sums, m)
+      loss, sums = loss + l, m if sums is None else losses.accumulate_metrics(sums, m)
     return loss, sums
 
   (l1, m1), g1 = jax.value_and_grad(total, has_aux=True)(d["logp"], 1)
@@ -346,12 +358,13 @@ def test_microbatch_split_invariance(mode, variant):
     (lk, mk), gk = jax.value_and_grad(total, has_aux=True)(d["logp"], k)
     close(lk, l1)
     close(gk, g1)
-    f1, fk = ob.finalize_metrics(m1), ob.finalize_metrics(mk)
+    f1, fk = losses.finalize_metrics(m1), losses.finalize_metrics(mk)
     assert f1.keys() == fk.keys()
     close([fk[key] for key in f1], [f1[key] for key in f1], 1e-5)
   assert np.all(np.asarray(g1[5]) == 0.)  # the padding row gets no gradient
   # Against the plain whole-batch definition of the pg term.
-  pg = ob.ppo_dual_clip_BT(d["logp"], d["old"], jnp.broadcast_to(d["adv"][:, None], (8, 5))).loss_BT
+  pg = losses.ppo_dual_clip_BT(d["logp"], d["old"], jnp.broadcast_to(d["adv"][:, None], (8, 5)), cfg.clip_low,
+                                cfg.clip_high, cfg.clip_c).loss_BT
   if variant != "reverse_kl_adv":
     m = np.asarray(d["mask"]) > 0
     pg = np.where(m, np.asarray(pg), 0.)
@@ -362,12 +375,12 @@ def test_microbatch_split_invariance(mode, variant):
 
 def test_padding_rows_do_not_change_the_loss():
   d = _minibatch()
-  cfg = ob.SeedLossConfig()
+  cfg = loss_cfg()
   keep = np.array([0, 1, 2, 3, 4, 6, 7])
 
   def loss(idx):
-    norm = ob.loss_normalizers(d["mask"][idx], d["analyzed"][idx], cfg.agg_mode)
-    return ob.seed_loss(d["logp"][idx] * 50., old_logp_BT=d["old"][idx], adv=d["adv"][idx], mask_BT=d["mask"][idx],
+    norm = losses.loss_normalizers(d["mask"][idx], d["analyzed"][idx], cfg.agg_mode)
+    return losses.seed_loss(d["logp"][idx] * 50., old_logp_BT=d["old"][idx], adv=d["adv"][idx], mask_BT=d["mask"][idx],
                         norm=norm, cfg=cfg, entropy_BT=d["ent"][idx], ref_logp_BT=d["ref"][idx],
                         skill_logp_BT=d["skill"][idx], opd_mask_B=d["analyzed"][idx])[0]
 

@@ -1,5 +1,6 @@
 """The SEED pipeline end to end on real environments with a tiny model: metrics, dumps, OPD masking, the
 GRPO special case, the OPD gradient with teacher == student, kill-and-resume, and config errors."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
 from configs import textworld_express as twx_config
-from seed_jax import objectives, pipeline
+from seed_jax import losses, pipeline
 from seed_jax import update as update_lib
 from seed_jax.config import validate
 from seed_jax.models import transformer as tf
@@ -21,6 +23,7 @@ from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import response_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_LOSS = losses.SeedLossConfig.from_config(base.get_base().objectives)
 # Every per-update metric DESIGN.md lists (returns, success, length, invalid rate, parse rate, OPD stats, KL,
 # entropy, clip fraction, grad norm, per-phase timings, tokens/s).
 REQUIRED = ("rollout/return", "rollout/success", "rollout/episode_length", "rollout/invalid_action_rate",
@@ -148,10 +151,10 @@ def _tiny_batch(B=4, P=6, R=5, seed=0):
 
 def test_zero_opd_weight_equals_plain_grpo_update():
   spec, params, mb = _tiny_batch()
-  opt = update_lib.make_optimizer(update_lib.default_config())
+  opt = update_lib.make_optimizer(base.get_base().learner)
   results = []
-  for loss_cfg in (objectives.SeedLossConfig(opd_variant="gated", opd_coef=0.0),
-                   objectives.SeedLossConfig(opd_variant="none")):
+  for loss_cfg in (dataclasses.replace(DEFAULT_LOSS, opd_variant="gated", opd_coef=0.0),
+                   dataclasses.replace(DEFAULT_LOSS, opd_variant="none")):
     fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=2, chunk=4, remat=False)
     state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
     results.append(fn(state, mb, jnp.float32(1.0))[0].params)
@@ -166,8 +169,8 @@ def test_teacher_equal_to_student_gives_gated_nll_with_gate_half():
   spec, params, mb = _tiny_batch()
   mb = mb.replace(adv_B=jnp.zeros_like(mb.adv_B), opd_mask_B=jnp.ones_like(mb.opd_mask_B),
                   skill_prompt_BP=mb.prompt_BP, skill_pvalid_BP=mb.pvalid_BP)
-  loss_cfg = objectives.SeedLossConfig(opd_variant="gated", opd_coef=1.0, entropy_coef=0.0, kl_coef=0.0)
-  norm = objectives.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
+  loss_cfg = dataclasses.replace(DEFAULT_LOSS, opd_variant="gated", opd_coef=1.0, entropy_coef=0.0, kl_coef=0.0)
+  norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
   grad = jax.grad(lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32,
                                                   chunk=4, remat=False, teacher="current")[0])(params)
 
@@ -215,8 +218,8 @@ def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
 
 def test_non_finite_loss_skips_the_update_and_counts_it():
   spec, params, mb = _tiny_batch()
-  opt = update_lib.make_optimizer(update_lib.default_config())
-  fn = update_lib.make_update_fn(spec, objectives.SeedLossConfig(), opt, micro_batch_size=2, chunk=4, remat=False)
+  opt = update_lib.make_optimizer(base.get_base().learner)
+  fn = update_lib.make_update_fn(spec, DEFAULT_LOSS, opt, micro_batch_size=2, chunk=4, remat=False)
   state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
   bad = mb.replace(ref_logp_BR=mb.ref_logp_BR.at[0, 0].set(jnp.nan))
   new, metrics = fn(state, bad, jnp.float32(1.0))

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from seed_jax import objectives, plan, update
+from seed_jax import config as config_lib
+from seed_jax import plan, update
+from seed_jax.losses import SeedLossConfig
 from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
@@ -47,7 +49,7 @@ def test_planned_weight_and_optimizer_bytes_equal_the_real_shards(shape):
   mesh = make_mesh(shape)
   params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
-  state = update.init_state(params, update.make_optimizer(update.default_config()))
+  state = update.init_state(params, update.make_optimizer(base.get_base().learner))
   planned = plan.plan(SPEC, dict(mesh.shape), _workload(remat=True))["items"]
   for d in range(8):  # every device holds the same amount
     on_device = lambda tree: sum(x.addressable_shards[d].data.nbytes for x in jax.tree.leaves(tree))
@@ -67,9 +69,9 @@ def test_planned_update_temporaries_match_xla(remat):
   mesh = make_mesh((1, 8, 1))
   params = numpy_params(SPEC)
   params = jax.device_put(params, sharding_tree(tf.param_axes(SPEC), params, mesh))
-  opt = update.make_optimizer(update.default_config())
+  opt = update.make_optimizer(base.get_base().learner)
   w = _workload(remat)
-  fn = update.make_update_fn(SPEC, objectives.SeedLossConfig(), opt, micro_batch_size=w.micro_rows,
+  fn = update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), opt, micro_batch_size=w.micro_rows,
                              chunk=w.vocab_chunk, remat=remat, state_shardings=update.state_shardings(params, opt))
   batch = distributed.global_batch(random_minibatch(2 * w.micro_rows, w.prompt, w.response, SPEC.vocab_size), mesh)
   with jax.set_mesh(mesh):
@@ -118,7 +120,7 @@ def test_command_line_from_a_bare_config_json(tmp_path):
   assert line["workload"]["prompt"] == 4096 and line["workload"]["response"] == 512  # the paper's shapes
   res = run("--config.model.path=Qwen2.5-7B-Instruct", "--preset=v5p_16")
   line = json.loads(res.stdout.strip().splitlines()[-1])
-  assert line["devices"] == 8 and line["device_memory"] == base.load_mesh_preset("v5p_16").device_memory_bytes
+  assert line["devices"] == 8 and line["device_memory"] == config_lib.load_mesh_preset("v5p_16").device_memory_bytes
   # 7.6e9 fp32 weights split 8 ways over "embed", except the q/k/v biases (no embed axis): replicated.
   biases = 28 * (28 + 4 + 4) * 128
   assert line["items"]["params"] == ((7_615_616_512 - biases) // 8 + biases) * 4

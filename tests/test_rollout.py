@@ -1,6 +1,7 @@
 """Prompt fitting of the rollout loop: the history is cut on the left, whole pairs at a time."""
 import pytest
 
+from configs import textworld_express as twx_config
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import Observation
 from seed_jax.models.tokenizer import load_tokenizer
@@ -13,7 +14,7 @@ def tok():
 
 
 def test_history_is_dropped_oldest_first_until_the_prompt_fits(tok):
-  cfg = twx.default_config()
+  cfg = twx_config.env_config()
   cfg.history_length, cfg.history_obs_chars = 4, 0
   history = [(f"room {k} " + "word " * 60, f"go to room {k}") for k in range(6)]
   obs = Observation(text="You are in the kitchen.", task_description="Find the coin.", admissible=["look around"])

@@ -12,6 +12,8 @@ import jax
 import pytest
 
 from alfworld_data import build_data
+from configs import alfworld as alfworld_config, ezpoints as ezpoints_config, search as search_config
+from configs import sokoban as sokoban_config, webshop as webshop_config
 from seed_jax.envs import alfworld, ezpoints, get_family, retriever, search, sokoban, sokoban_levels, webshop
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX
 from seed_jax.envs.pool import EnvPool
@@ -41,7 +43,7 @@ def policy(tok):
   spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                    head_dim=16, ffn_dim=64)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=MAX_PROMPT, min_prompt_bucket=MAX_PROMPT,
-                                                     min_batch=2 * G, max_batch=2 * G))
+                                                     min_batch=2 * G, max_batch=2 * G, dtype="float32"))
   return sampler, tf.init_params(spec, 0)
 
 
@@ -92,7 +94,7 @@ def _check(trajs, tok, cfg, env_truncates: bool, task_line=lambda desc: f"{TASK_
 
 
 def test_alfworld_rollout(tok, policy, tmp_path_factory):
-  cfg = alfworld.default_config()
+  cfg = alfworld_config.env_config()
   cfg.data_dir = build_data(tmp_path_factory.mktemp("alfworld_data"), "valid_seen")
   cfg.max_steps = MAX_STEPS
   tasks = alfworld.FAMILY.tasks(cfg, "valid_seen")[:2]
@@ -105,7 +107,7 @@ def test_alfworld_rollout(tok, policy, tmp_path_factory):
 
 
 def test_webshop_rollout(tok, policy):
-  cfg = webshop.default_config()
+  cfg = webshop_config.env_config()
   cfg.data_dir, cfg.num_test_goals, cfg.max_steps = str(FIXTURES / "webshop"), 2, MAX_STEPS
   tasks = webshop.FAMILY.tasks(cfg, "test")
   trajs = _check(_rollout("webshop", cfg, tasks, tok, policy), tok, cfg, env_truncates=False)
@@ -117,7 +119,7 @@ def test_webshop_rollout(tok, policy):
 
 def test_search_rollout(tok, policy):
   with retriever.start_server(retriever.BM25Index.from_jsonl(str(FIXTURES / "search" / "corpus.jsonl"))) as server:
-    cfg = search.default_config()
+    cfg = search_config.env_config()
     cfg.retriever_url, cfg.test_files = server.url, str(FIXTURES / "search" / "questions.jsonl")
     cfg.max_steps, cfg.history_length = MAX_STEPS, 2
     tasks = search.FAMILY.tasks(cfg, "test")[:2]
@@ -130,7 +132,7 @@ def test_search_rollout(tok, policy):
 
 
 def test_sokoban_rollout(tok, policy):
-  cfg = sokoban.default_config()
+  cfg = sokoban_config.env_config()
   cfg.max_steps, cfg.render_image = MAX_STEPS, False
   tasks = sokoban.FAMILY.tasks(cfg, "test")[:2]
   trajs = _check(_rollout("sokoban", cfg, tasks, tok, policy), tok, cfg, env_truncates=True)
@@ -142,7 +144,7 @@ def test_sokoban_rollout(tok, policy):
 
 
 def test_ezpoints_rollout(tok, policy):
-  cfg = ezpoints.default_config()
+  cfg = ezpoints_config.env_config()
   cfg.max_steps, cfg.render_image = MAX_STEPS, False
   tasks = ezpoints.FAMILY.tasks(cfg, "test")[:2]
   trajs = _check(_rollout("ezpoints", cfg, tasks, tok, policy), tok, cfg, env_truncates=True)

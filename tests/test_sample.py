@@ -21,7 +21,7 @@ PROMPTS = [RNG.integers(3, 96, n).tolist() for n in (5, 12, 1, 9)]
 
 def _sampler(**kw):
   return Sampler(SPEC, [], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=kw.pop("max_batch", 8),
-                                         **kw), kw.pop("mesh", None))
+                                         dtype=kw.pop("dtype", "float32"), **kw), kw.pop("mesh", None))
 
 
 def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
@@ -59,7 +59,7 @@ def test_greedy_equals_stepwise_argmax_and_logps_equal_rescore():
   sp = SamplingParams(temperature=0.7, max_new_tokens=10)
   gens = _sampler().generate(PARAMS, PROMPTS, jax.random.key(1), sp)
   rescorer = Rescorer(SPEC, 0, RescorerConfig(max_rows=8, min_len_bucket=16, max_prompt_len=32, max_response_len=16,
-                                              vocab_chunk=4))
+                                              vocab_chunk=4, dtype="float32"))
   logps, _ = rescorer.score(PARAMS, [PROMPTS], [g.tokens for g in gens], 0.7)
   for g, lp in zip(gens, logps[0]):
     np.testing.assert_allclose(lp, g.logps, atol=1e-4)
@@ -95,7 +95,7 @@ def test_eos_and_stop_sequences_end_rows_independently():
   eos = free[0].tokens[3]
   stop = free[1].tokens[4:6]
   eos_end = free[0].tokens.index(eos) + 1
-  s = Sampler(SPEC, [eos], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8))
+  s = Sampler(SPEC, [eos], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8, dtype="float32"))
   out = s.generate(PARAMS, PROMPTS[:2], jax.random.key(0), sp, stop_sequences=[stop])
   assert out[0].tokens == free[0].tokens[:eos_end] and out[0].stop_reason == "eos"
   seq = free[1].tokens
@@ -123,7 +123,7 @@ def test_bad_input_and_oversized_batches():
 
 def test_two_contexts_in_one_pass_equal_separate_passes():
   rescorer = Rescorer(SPEC, 0, RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16,
-                                              vocab_chunk=8))
+                                              vocab_chunk=8, dtype="float32"))
   ctx_b = [p + [7, 8, 9] for p in PROMPTS]
   resp = [RNG.integers(3, 96, n).tolist() for n in (4, 9, 1, 16)]
   both, ents = rescorer.score(PARAMS, [PROMPTS, ctx_b], resp, 1.3, with_entropy=True)
@@ -150,7 +150,7 @@ def test_sharded_sampling_and_rescoring_equal_single_device(shape):
   params["embed"] = params["embed"] * 40
   prompts = PROMPTS + [p[::-1] for p in PROMPTS]
   sp = SamplingParams(temperature=1.0, max_new_tokens=8)
-  cfg = SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8)
+  cfg = SamplerConfig(max_prompt_len=32, min_prompt_bucket=16, max_batch=8, dtype="float32")
   single = Sampler(spec, [], cfg).generate(params, prompts, jax.random.key(5), sp)
   mesh = make_mesh(shape)
   sharded_params = jax.device_put(params, sharding_tree(tf.param_axes(spec), params, mesh))
@@ -158,7 +158,8 @@ def test_sharded_sampling_and_rescoring_equal_single_device(shape):
   assert [g.tokens for g in sharded] == [g.tokens for g in single]
   for g1, g2 in zip(single, sharded):
     np.testing.assert_allclose(g1.logps, g2.logps, atol=1e-5)
-  rcfg = RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16)
+  rcfg = RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16, vocab_chunk=128,
+                        dtype="float32")
   resp = [g.tokens for g in single]
   lp1, _ = Rescorer(spec, 0, rcfg).score(params, [prompts, prompts[::-1]], resp, 1.0)
   lp2, _ = Rescorer(spec, 0, rcfg, mesh).score(sharded_params, [prompts, prompts[::-1]], resp, 1.0)

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from configs import base
-from seed_jax import objectives, update
+from seed_jax import config as config_lib
+from seed_jax import update
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra.mesh import RULES, logical_to_spec, make_mesh, mesh_from_config, sharding_tree
+from seed_jax.losses import SeedLossConfig
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from tests.scale_helpers import numpy_params, random_minibatch
@@ -21,7 +23,7 @@ MESHES = [(2, 4, 1), (1, 8, 1), (8, 1, 1), (1, 2, 4)]
 
 
 def _optimizer():
-  cfg = update.default_config()
+  cfg = base.get_base().learner
   # lr large enough that one step moves weights by ~1e-3..1e-2; eps large enough that AdamW's first step is
   # not sign(g) (which would turn rounding-level gradient differences into lr-sized weight differences).
   cfg.lr, cfg.eps = 1e-2, 1e-3
@@ -33,7 +35,7 @@ def _minibatch() -> update.MiniBatch:
 
 
 def _update_fn(shardings=None):
-  return update.make_update_fn(SPEC, objectives.SeedLossConfig(), _optimizer(), micro_batch_size=8, chunk=8,
+  return update.make_update_fn(SPEC, SeedLossConfig.from_config(base.get_base().objectives), _optimizer(), micro_batch_size=8, chunk=8,
                                remat=False, state_shardings=shardings)
 
 
@@ -128,9 +130,9 @@ def test_unknown_logical_axis_is_an_error():
 
 
 def test_mesh_presets_and_config():
-  assert {"single_host_8", "v5e_16", "v5p_64", "v5p_256"} <= set(base.mesh_presets())
-  for name in base.mesh_presets():
-    p = base.load_mesh_preset(name)
+  assert {"single_host_8", "v5e_16", "v5p_64", "v5p_256"} <= set(config_lib.mesh_presets())
+  for name in config_lib.mesh_presets():
+    p = config_lib.load_mesh_preset(name)
     ici = mesh_lib.resolve_shape(p.shape, p.num_devices, p.dcn_shape)
     assert np.prod(ici) * np.prod(p.dcn_shape) == p.num_devices, name
   cfg = base.get_base()

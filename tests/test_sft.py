@@ -132,7 +132,7 @@ def test_overfits_16_records_and_greedy_decoding_reproduces_them(small, tmp_path
   # The exported folder loads back (weights + tokenizer) and greedy decoding gives each target exactly.
   spec, params = weights.load_model(out["export_dir"])
   tok = tokenizer_lib.load_tokenizer(out["export_dir"])
-  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=64, max_batch=16))
+  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=64, max_batch=16, dtype="float32"))
   gens = sampler.generate(params, [tok.encode_chat(r["prompt"]) for r in RECORDS], jax.random.key(0),
                           SamplingParams(temperature=0.0, max_new_tokens=40))
   assert [tok.decode(g.tokens) for g in gens] == [r["response"] for r in RECORDS]

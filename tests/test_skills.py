@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from configs import base
 from seed_jax import skills
 from seed_jax.envs.base import Step, Task, Trajectory
 
@@ -194,7 +195,7 @@ def test_analyze_trajectories_with_policy_backend():
   def generate(prompts):  # a deterministic "model": answers well only for successful episodes
     return [skills.format_skill_json("ok", "Keep doing X.") if "SUCCEEDED" in p else "no idea" for p in prompts]
 
-  cfg = skills.default_config()
+  cfg = base.get_base().analyzer
   analyzer = skills.make_analyzer(cfg, generate)
   trajs = [_traj(2, 10.0), _traj(3, 0.0), _traj(1, 10.0), _traj(4, 0.0)]
   res = skills.analyze_trajectories(analyzer, trajs, cfg, count_tokens=len)
@@ -206,7 +207,7 @@ def test_analyze_trajectories_with_policy_backend():
 
 
 def test_max_skill_chars_and_bad_backend():
-  cfg = skills.default_config()
+  cfg = base.get_base().analyzer
   cfg.max_skill_chars = 5
   analyzer = skills.PolicyAnalyzer(lambda ps: [skills.format_skill_json("s", "abcdefgh")] * len(ps))
   assert skills.analyze_trajectories(analyzer, [_traj(1, 0.0)], cfg).skills == ["abcde"]
@@ -306,7 +307,7 @@ def server():
 
 
 def _external_cfg(url):
-  cfg = skills.default_config()
+  cfg = base.get_base().analyzer
   cfg.backend = "external"
   e = cfg.external
   e.base_url, e.model, e.api_key_env = url, "judge-model", "SEED_TEST_ANALYZER_KEY"

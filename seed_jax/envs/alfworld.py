@@ -16,8 +16,6 @@ import json
 import os
 from typing import Any, Sequence
 
-import ml_collections
-
 from seed_jax.envs import base, prompting
 
 NAME = "alfworld"
@@ -37,25 +35,6 @@ _TASK_MARKER = "Your task is to: "
 _DOWNLOAD_HINT = ("Obtain the official data with `pip install alfworld` then `alfworld-download` (it writes to "
                   "$ALFWORLD_DATA, default ~/.cache/alfworld), or point the config field data_dir at a folder "
                   f"that holds {GAMES_DIR}/.")
-
-
-def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  # Folder holding json_2.1.1/. "" means $ALFWORLD_DATA, else ~/.cache/alfworld (alfworld-download's default).
-  cfg.data_dir = ""
-  # Episode cap (SEED paper: 30 steps); the rollout loop enforces it.
-  cfg.max_steps = 30
-  # Number of past (observation, action) pairs shown in each step prompt (SEED paper: 5).
-  cfg.history_length = 5
-  # Past observations in the prompt are clipped to this many characters (0 = no limit).
-  cfg.history_obs_chars = 0
-  # An answer without <think>...</think> is an invalid action.
-  cfg.require_think = True
-  # Pool deadlines: one step; one reset (loading a game file); a fresh worker importing the engine.
-  cfg.step_timeout_s = 30.0
-  cfg.reset_timeout_s = 120.0
-  cfg.start_timeout_s = 120.0
-  return cfg
 
 
 def data_root(cfg: Any) -> str:

@@ -34,25 +34,6 @@ RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
 _RANK_WORD = {"A": "ace", "J": "jack", "Q": "queen", "K": "king"}
 
 
-def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  cfg.max_steps = 8  # tokens per episode; the env ends the episode there (info["truncated"])
-  cfg.success_reward = 10.0  # reward when "=" evaluates to 12 with both cards used
-  cfg.require_think = True  # a response without <think>...</think> is invalid
-  cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
-  cfg.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
-  cfg.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder
-  cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
-  cfg.num_train_tasks = 10_000  # panel sizes; task i of a split deals from seed offset + i
-  cfg.num_test_tasks = 128
-  cfg.train_seed_offset = 0
-  cfg.test_seed_offset = 1_000_000
-  cfg.step_timeout_s = 10.0  # pool deadline of one step
-  cfg.reset_timeout_s = 30.0  # pool deadline of one reset
-  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start
-  return cfg
-
-
 def card_value(card: str) -> int:
   """'H7' -> 7, 'SK' -> 10, 'CA' -> 1 (suit letter, then rank; 'T' also means 10)."""
   suit, rank = card[:1].upper(), card[1:].upper().replace("T", "10")

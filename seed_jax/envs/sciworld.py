@@ -17,8 +17,6 @@ import os
 import random
 from typing import Any, Iterator, Sequence
 
-import ml_collections
-
 from seed_jax.envs import prompting
 from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
 
@@ -59,43 +57,12 @@ VARIATION_SPLITS = {
 TASK_TYPES = tuple(sorted(VARIATION_SPLITS))
 SIMPLIFICATIONS = ("teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
                    "noElectricalAction", "easy")
-# L2 hold-out: one task type from each topic, the harder sibling of a seen type (unknown substance, tertiary
-# colours, unknown plant, ...), so the skills it needs are trained but the task itself never is.
-UNSEEN_TASK_TYPES = (
-    "chemistry-mix-paint-tertiary-color", "find-animal", "freeze", "grow-fruit", "identify-life-stages-2",
-    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived-then-shortest-lived",
-    "measure-melting-point-unknown-substance", "mendelian-genetics-unknown-plant",
-    "test-conductivity-of-unknown-substances")
 # split -> (variation split index, seen types?)
 SPLITS = {"train": (0, True), "dev": (1, True), "eval_l0": (2, True), "eval_l2": (2, False)}
 # Template wording as the parser also accepts it, closer to what the gold paths say ("go to kitchen").
 _TEMPLATE_TEXT = {"go OBJ": "go to OBJ", "teleport OBJ": "teleport to OBJ"}
 _HIDDEN_TEMPLATES = ("reset task",)  # restarting the episode from inside it only wastes steps
 INTRO = "You are an agent in ScienceWorld, a text-based science laboratory."
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.simplification = "easy"  # "" or comma-separated names from SIMPLIFICATIONS ("easy" = all of them)
-  c.task_types = ""  # comma-separated seen task types to use ("" = every type not held out)
-  c.unseen_task_types = ",".join(UNSEEN_TASK_TYPES)  # held out of train/dev/eval_l0; the eval_l2 types
-  c.history_length = 5  # (observation, action) pairs shown in each step prompt
-  c.history_obs_chars = 300  # past observations are clipped to this many characters (0 = no limit)
-  c.max_steps = 30  # episode step limit (enforced by the rollout loop)
-  c.require_think = True  # a response without <think>...</think> is an invalid action
-  c.success_reward = 10.0  # reward of the step that completes the task with score 100; otherwise 0
-  c.dev_per_type = 3  # variations per seen type in the "dev" panel
-  c.eval_l0_per_type = 5  # variations per seen type in the "eval_l0" panel
-  c.eval_l2_per_type = 10  # variations per held-out type in the "eval_l2" panel
-  c.panel_seed = 0  # seed of the fixed dev/eval variation samples
-  c.gold_path = False  # generate the gold path at every reset (seconds per load); off = on demand
-  c.step_timeout_s = 60.0  # pool deadline of one step
-  c.reset_timeout_s = 180.0  # pool deadline of one reset / gold-path call (gold paths can take ~10 s)
-  c.start_timeout_s = 120.0  # extra time for a fresh worker to start its JVM
-  # Options for each simulator JVM. The serial collector halves a JVM's memory (~750 -> ~390 MB after a
-  # few hundred steps) at no step-time cost; many JVMs share few cores, so parallel GC threads only contend.
-  c.jvm_options = "-XX:+UseSerialGC"
-  return c
 
 
 def _names(field: str, value: str) -> list[str]:

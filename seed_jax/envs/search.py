@@ -27,31 +27,6 @@ from seed_jax.envs.retriever import Passage, RetrieverClient
 NAME = "search"
 
 
-def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  cfg.max_steps = 4  # turns per episode; the env ends an unanswered episode there (info["truncated"])
-  cfg.history_length = 4  # past (observation, action) pairs shown in the prompt
-  cfg.history_obs_chars = 0  # past observations (retrieved passages) are clipped to this many characters (0 = none)
-  cfg.success_reward = 10.0  # env reward for an exact-match answer (the other text envs also give 10)
-  cfg.require_think = False  # whether a response without <think>...</think> is invalid (Search-R1 does not)
-  cfg.retriever_url = "http://127.0.0.1:8000/retrieve"  # Search-R1 style POST endpoint
-  cfg.topk = 3  # passages appended per search
-  cfg.timeout_s = 10.0  # per HTTP request
-  cfg.retries = 2  # extra attempts after a connection error or a 5xx reply
-  cfg.backoff_s = 0.5  # first retry delay; doubles each attempt
-  cfg.health_check = True  # probe the retriever once per process when an env is made
-  cfg.step_timeout_s = 60.0  # pool deadline of one step: above a search's worst case with its retries
-  cfg.reset_timeout_s = 30.0  # pool deadline of one reset
-  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start (and pass the health check)
-  # Question sources per split, comma-separated: paths to .jsonl/.parquet files or tfds:NAME[/CONFIG]:SPLIT.
-  cfg.train_files = ""
-  cfg.test_files = ""
-  cfg.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
-  cfg.max_tasks_per_source = 0  # >0: a fixed seeded subset of that many questions per data source
-  cfg.panel_seed = 0  # seed of that subset (panels are identical on every run and host)
-  return cfg
-
-
 # ------------------------------------------------------------------------------------------ answers and EM
 
 

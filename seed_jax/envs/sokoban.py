@@ -27,35 +27,6 @@ LEGEND = (f"{WALL} wall, {FLOOR} floor, {TARGET} target, {BOX} box, {BOX_ON_TARG
           f"{PLAYER} you (the player), {PLAYER_ON_TARGET} you standing on a target")
 
 
-def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  cfg.dim_room = (6, 6)  # rows, columns, outer walls included
-  cfg.num_boxes = 1
-  cfg.max_steps = 15  # moves per episode; the env ends the episode there (info["truncated"])
-  cfg.search_depth = 15  # reverse-play moves explored when generating; bounds the solution length
-  cfg.walk_steps = 20  # random-walk steps carving the floor (gym-sokoban: 1.7 x (rows + columns))
-  cfg.p_change_directions = 0.35  # chance per walk step of turning
-  cfg.step_penalty = -0.1  # gym-sokoban penalty_for_step
-  cfg.box_on_target_reward = 1.0  # gym-sokoban reward_box_on_target
-  cfg.box_off_target_penalty = -1.0  # gym-sokoban penalty_box_off_target
-  cfg.finish_reward = 10.0  # gym-sokoban reward_finished
-  cfg.require_think = True  # a response without <think>...</think> is invalid
-  cfg.history_length = 0  # past (observation, action) pairs in the prompt (SEED's Sokoban setting uses none)
-  cfg.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
-  cfg.observation = "text"  # "text": the grid goes in the prompt; "image": an <image> placeholder does
-  cfg.render_image = True  # put the RGB array in Observation.info["image"] (off saves work for text-only runs)
-  cfg.tile_px = 16  # pixels per cell of the RGB observation
-  cfg.solver_max_states = 200_000  # BFS budget of the gold-path solver
-  cfg.num_train_tasks = 10_000  # panel sizes; task i of a split uses seed offset + i
-  cfg.num_test_tasks = 128
-  cfg.train_seed_offset = 0
-  cfg.test_seed_offset = 1_000_000
-  cfg.step_timeout_s = 10.0  # pool deadline of one step
-  cfg.reset_timeout_s = 60.0  # pool deadline of one reset (level generation) or gold path (BFS solver)
-  cfg.start_timeout_s = 60.0  # extra time for a fresh worker to start
-  return cfg
-
-
 def parse_rows(rows: Sequence[str]) -> tuple[Board, State]:
   """A level from text rows of the grid symbols (spaces between symbols are ignored)."""
   rows = [r.replace(" ", "") for r in rows]

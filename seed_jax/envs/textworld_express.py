@@ -11,8 +11,6 @@ import json
 import random
 from typing import Any, Sequence
 
-import ml_collections
-
 from seed_jax.envs import prompting
 from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
 
@@ -22,26 +20,6 @@ SEED_FOLDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range
 # Panel split -> seed fold. "train" is every train seed; "dev" and "eval" are fixed samples.
 SPLITS = {"train": "train", "dev": "dev", "eval": "test"}
 INTRO = "You are an agent in a text adventure game."
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.games = "coin"  # comma-separated game names from GAMES; panels list them in this order
-  # Generation parameters per game ("key=value,..." as the simulator takes them; "" = its defaults).
-  # The default coin game is the tiny CPU setting: 2 rooms, no doors, no distractor items.
-  c.game_params = ml_collections.ConfigDict({g: "" for g in GAMES})
-  c.game_params.coin = "numLocations=2,includeDoors=0,numDistractorItems=0"
-  c.history_length = 3  # (observation, action) pairs shown in each step prompt
-  c.history_obs_chars = 300  # past observations are clipped to this many characters (0 = no limit)
-  c.max_steps = 20  # episode step limit (enforced by the rollout loop)
-  c.require_think = True  # a response without <think>...</think> is an invalid action
-  c.success_reward = 10.0  # reward of the step that solves the game; every other step gets 0
-  c.eval_per_game = 50  # seeds per game in the "dev" and "eval" panels
-  c.panel_seed = 0  # seed of the fixed dev/eval seed samples
-  c.step_timeout_s = 30.0  # pool deadline of one step
-  c.reset_timeout_s = 60.0  # pool deadline of one reset / gold-path call
-  c.start_timeout_s = 60.0  # extra time for a fresh worker to start its JVM
-  return c
 
 
 def _games(cfg: Any) -> list[str]:

@@ -20,8 +20,6 @@ import random
 import re
 from typing import Any, Sequence
 
-import ml_collections
-
 from seed_jax.envs import base, prompting, webshop_data, webshop_reward, webshop_search
 
 NAME = "webshop"
@@ -34,41 +32,6 @@ BUY, NEXT, PREV, BACK = "buy now", "next >", "< prev", "back to search"
 SUB_PAGES = {"description": "Description", "features": "Features", "reviews": "Reviews"}
 _ACTION = re.compile(r"(.+)\[(.+)\]")  # engine.parse_action
 _ASCII_SPACE = frozenset(" \n\t\f\r")
-
-
-def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  # Folder holding the official data files; "" means $WEBSHOP_DATA_ROOT (the reference's variable).
-  cfg.data_dir = ""
-  # Product catalog; the reference trains and evaluates on the 1000-product file (items_shuffle.json: all).
-  cfg.products_file = "items_shuffle_1000.json"
-  # Product attributes (and synthetic instructions); items_ins_v2.json goes with the full catalog.
-  cfg.attributes_file = "items_ins_v2_1000.json"
-  # Human-written goals, used when human_goals is True (the paper's setting).
-  cfg.human_goals_file = "items_human_ins.json"
-  cfg.human_goals = True
-  # Keep only the first N catalog entries (0: all), as the original's num_products.
-  cfg.num_products = 0
-  # Seeds product prices, goal price bounds and the goal shuffle (the SEED reference uses 0).
-  cfg.goal_seed = 0
-  # Goals [0, num_test_goals) form the fixed test panel, the rest the training split (paper: 500).
-  cfg.num_test_goals = 500
-  # Title-noun extractor of the type reward: "heuristic", or "spacy:<model>" for the original's spaCy tagger.
-  cfg.type_tagger = "heuristic"
-  # Episode cap (SEED paper: 15 steps); the rollout loop enforces it.
-  cfg.max_steps = 15
-  # Number of past (observation, action) pairs shown in each step prompt (SEED paper: 2).
-  cfg.history_length = 2
-  # Past observations (pages) in the prompt are clipped to this many characters (0 = no limit).
-  cfg.history_obs_chars = 0
-  # An answer without <think>...</think> is an invalid action.
-  cfg.require_think = True
-  # Pool deadlines: one step (a search); one reset; a fresh worker loading the catalog and building the
-  # search index (seconds for the 1000-product file, minutes for the full catalog).
-  cfg.step_timeout_s = 30.0
-  cfg.reset_timeout_s = 60.0
-  cfg.start_timeout_s = 600.0
-  return cfg
 
 
 def data_dir(cfg: Any) -> str:

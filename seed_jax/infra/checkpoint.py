@@ -22,14 +22,6 @@ import orbax.checkpoint as ocp
 _MISSING = "<missing>"
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.max_to_keep = 3  # newest checkpoints kept; older steps are deleted after each successful save
-  c.save_interval_steps = 10  # save() only writes steps divisible by this (force=True overrides)
-  c.async_save = True  # write in a background thread; training continues while arrays go to disk
-  return c
-
-
 class IncompatibleCheckpointError(ValueError):
   pass
 
@@ -72,9 +64,9 @@ def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> li
 class Checkpointer:
   """Orbax CheckpointManager with the project's two items and a fingerprint check on restore."""
 
-  def __init__(self, directory: str, cfg: ml_collections.ConfigDict | None = None,
-               fingerprint: Mapping[str, Any] | None = None, read_only: bool = False):
-    cfg = cfg if cfg is not None else default_config()
+  def __init__(self, directory: str, cfg: ml_collections.ConfigDict, fingerprint: Mapping[str, Any] | None = None,
+               read_only: bool = False):
+    """`cfg`: config.train.checkpoint or config.sft.checkpoint (max_to_keep, save_interval_steps, async_save)."""
     if cfg.max_to_keep is not None and cfg.max_to_keep < 1:
       raise ValueError(f"checkpoint.max_to_keep must be >= 1 (or None for all), got {cfg.max_to_keep}")
     if cfg.save_interval_steps < 1:

@@ -28,16 +28,6 @@ _CLUSTER_MARKERS = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JA
                     "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE")
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.mode = "auto"  # "auto": join a cluster when one is configured or detected; "on": always; "off": never
-  c.coordinator_address = ""  # "host:port" of process 0 (CPU/GPU clusters); "" = let JAX detect it (TPU)
-  c.num_processes = 0  # with coordinator_address: the total number of processes
-  c.process_id = -1  # with coordinator_address: this process's index in [0, num_processes)
-  c.initialization_timeout_s = 300  # how long to wait for every process to join
-  return c
-
-
 def _cluster_detected() -> bool:
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   if "," in hosts:

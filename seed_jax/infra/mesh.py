@@ -20,6 +20,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from seed_jax.config import load_mesh_preset  # reads configs/mesh/<name>.py by path
+
 MESH_AXES = ("data", "fsdp", "tensor")
 MEMORY_KINDS = ("device", "pinned_host")
 
@@ -42,23 +44,13 @@ RULES: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.preset = ""  # name of configs/mesh/<preset>.py; its fields replace the ones below ("" = use them as set)
-  c.shape = (1, -1, 1)  # (data, fsdp, tensor) inside one slice; one entry may be -1 (= the remaining devices)
-  c.dcn_shape = (1, 1, 1)  # slices along (data, fsdp, tensor) over the data-center network; product = slices
-  c.ref_params_memory = "device"  # "device" | "pinned_host": where the frozen KL-reference weights are kept
-  return c
-
-
 def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The mesh config with its preset (if any) applied: the preset's fields replace the given ones."""
   mc = ml_collections.ConfigDict(mc.to_dict())
-  if mc.get("ref_params_memory", "device") not in MEMORY_KINDS:
+  if mc.ref_params_memory not in MEMORY_KINDS:
     raise ValueError(f"config.mesh.ref_params_memory={mc.ref_params_memory!r} is not allowed; choose one of "
                      f"{MEMORY_KINDS}")
   if mc.get("preset"):
-    from configs.base import load_mesh_preset  # presets are config files: configs/mesh/<name>.py
     preset = load_mesh_preset(mc.preset)
     mc.shape, mc.dcn_shape = tuple(preset.shape), tuple(preset.dcn_shape)
   return mc

@@ -24,21 +24,6 @@ log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.jsonl_name = "metrics.jsonl"  # per-step scalars, one JSON object per line, in the workdir
-  c.tensorboard = True  # write TensorBoard event files under <workdir>/<tb_subdir>
-  c.tb_subdir = "tb"
-  c.dump_subdir = "dumps"  # dump_jsonl writes <workdir>/<dump_subdir>/<name>_step<step:06d>.jsonl
-  c.wandb = False  # also log to Weights & Biases when the `wandb` package is importable
-  c.wandb_project = "seed_jax"
-  c.wandb_entity = ""  # "" = the account's default entity
-  c.wandb_run_name = ""  # "" = let W&B choose
-  c.wandb_mode = "online"  # "online" | "offline" | "disabled"
-  c.progress = True  # terminal progress bars per phase (only when stdout is a terminal)
-  return c
-
-
 def _scalar(key: str, value: Any) -> int | float | None:
   """A Python number for one metric value; None when it is not finite."""
   if isinstance(value, (bool, np.bool_)):
@@ -76,9 +61,10 @@ def to_jsonable(x: Any) -> Any:
 class MetricsWriter:
   """Writes one flat dict of scalars per step. With `is_writer=False` every write is a no-op."""
 
-  def __init__(self, workdir: str, is_writer: bool, cfg: ml_collections.ConfigDict | None = None,
+  def __init__(self, workdir: str, is_writer: bool, cfg: ml_collections.ConfigDict,
                run_config: Mapping[str, Any] | None = None):
-    self.cfg = cfg = cfg if cfg is not None else default_config()
+    """`cfg`: config.log."""
+    self.cfg = cfg
     self.workdir = workdir
     self.is_writer = is_writer
     self._jsonl = self._tb = self._wandb = None
