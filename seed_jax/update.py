@@ -18,8 +18,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import objectives
+from seed_jax.models.logprobs import response_logprobs
 from seed_jax.models.spec import ModelSpec
-from seed_jax.rescore import response_logprobs
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -18,7 +18,7 @@ from seed_jax import update as update_lib
 from seed_jax.config import validate
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from seed_jax.rescore import response_logprobs
+from seed_jax.models.logprobs import response_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every per-update metric DESIGN.md lists (returns, success, length, invalid rate, parse rate, OPD stats, KL,
