@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import objectives, skills
+from seed_jax import analyzers, objectives, skills
 from seed_jax import update as update_lib
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
@@ -161,7 +161,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
       asp = SamplingParams(temperature=0.0, max_new_tokens=cfg.analyzer.max_new_tokens)
       gen = lambda texts: [rt.tokenizer.decode(g.tokens) for g in rt.sampler.generate(
           state.params, [rt.tokenizer.encode_chat(t) for t in texts], jax.random.fold_in(key, 1), asp)]
-      analyzer = skills.make_analyzer(cfg.analyzer, gen)
+      analyzer = analyzers.make_analyzer(cfg.analyzer, gen)
       analysis = skills.analyze_trajectories(analyzer, good, cfg.analyzer,
                                              count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
     skills_k = analysis.skills

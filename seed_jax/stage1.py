@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from seed_jax import sft_oracle, skills
+from seed_jax import analyzers, sft_oracle, skills
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -230,7 +230,7 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     return _Backend(lambda chunk, _: [sft_oracle.oracle_reply(t, gold[i], thr) for i, t in chunk], count,
                     lambda: {"tasks_without_gold": sum(g is None for g in golds)})
   if ac.analyzer == "external":
-    analyzer = skills.ExternalAnalyzer(cfg.analyzer.external)
+    analyzer = analyzers.ExternalAnalyzer(cfg.analyzer.external)
     return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
   if ac.analyzer == "local":
     if not ac.local_model_path:
@@ -243,7 +243,7 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     sp = SamplingParams(temperature=0.0, max_new_tokens=ac.local_max_new_tokens)
     generate = lambda texts: [ltok.decode(g.tokens) for g in sampler.generate(
         params, [ltok.encode_chat(t) for t in texts], jax.random.key(cfg.seed), sp)]
-    analyzer = skills.PolicyAnalyzer(generate)
+    analyzer = analyzers.PolicyAnalyzer(generate)
     # Prompts must fit both the SFT'd policy and the annotating model.
     return _Backend(lambda _, prompts: analyzer.analyze(prompts),
                     lambda s: max(count(s), len(ltok.encode_chat(s))), analyzer.stats.as_dict)
