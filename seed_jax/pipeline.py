@@ -112,10 +112,6 @@ def tasks_for_update(tasks: Sequence[Task], u: int, per_update: int, seed: int) 
   return out
 
 
-def _generate_fn(rt: Runtime, params, sp: SamplingParams):
-  return lambda prompts, key: rt.sampler.generate(params, prompts, key, sp, rt.stop_sequences)
-
-
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str) -> dict[str, float]:
   good = [t for t in trajs if t.termination != "env_error"]
   steps = [s for t in good for s in t.steps]
@@ -148,7 +144,8 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   with timer.phase("rollout"):
     trajs = run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
                          [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
-                         [g for _ in tasks for g in range(G)], _generate_fn(rt, state.params, rsp), rt.tokenizer,
+                         [g for _ in tasks for g in range(G)],
+                         rt.sampler.rollout_fn(state.params, rsp, rt.stop_sequences), rt.tokenizer,
                          jax.random.fold_in(key, 0), max_prompt_tokens=cfg.model.max_prompt_tokens)
   good = [t for t in trajs if t.termination != "env_error"]
   metrics = rollout_metrics(trajs, "rollout")
@@ -159,8 +156,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   if analysis_active(cfg, u):
     with timer.phase("analysis"):
       asp = SamplingParams(temperature=0.0, max_new_tokens=cfg.analyzer.max_new_tokens)
-      gen = lambda texts: [rt.tokenizer.decode(g.tokens) for g in rt.sampler.generate(
-          state.params, [rt.tokenizer.encode_chat(t) for t in texts], jax.random.fold_in(key, 1), asp)]
+      gen = lambda texts: rt.sampler.generate_text(state.params, texts, jax.random.fold_in(key, 1), asp, rt.tokenizer)
       analyzer = analyzers.make_analyzer(cfg.analyzer, gen)
       analysis = skills.analyze_trajectories(analyzer, good, cfg.analyzer,
                                              count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
@@ -239,7 +235,7 @@ def evaluate(rt: Runtime, params, key) -> dict[str, float]:
     for c, start in enumerate(range(0, len(tasks), n)):
       chunk = tasks[start:start + n]
       trajs += run_episodes(rt.pool, rt.family, cfg.env, chunk, list(range(start, start + len(chunk))),
-                            [0] * len(chunk), _generate_fn(rt, params, sp), rt.tokenizer,
+                            [0] * len(chunk), rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
                             jax.random.fold_in(jax.random.fold_in(key, c), len(m)),
                             max_prompt_tokens=cfg.model.max_prompt_tokens)
     m.update(rollout_metrics(trajs, f"eval/{split}"))

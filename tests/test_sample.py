@@ -121,6 +121,28 @@ def test_bad_input_and_oversized_batches():
   assert s.compiles.count == 2  # batch buckets 2 and 1, one prompt bucket
 
 
+class _CharTokenizer:
+  """One id per character; the chat template wraps the message in two marker ids."""
+
+  def encode_chat(self, text):
+    return [1] + [3 + ord(c) % 90 for c in text] + [2]
+
+  def decode(self, ids):
+    return "-".join(map(str, ids))
+
+
+def test_generate_text_and_rollout_fn_are_generate_with_their_arguments_bound():
+  s, tok = _sampler(), _CharTokenizer()
+  sp = SamplingParams(temperature=0.9, max_new_tokens=7)
+  texts = ["boil water", "go", "open the door"]
+  direct = s.generate(PARAMS, [tok.encode_chat(t) for t in texts], jax.random.key(2), sp, [[50, 51]])
+  replies = s.generate_text(PARAMS, texts, jax.random.key(2), sp, tok, stop_sequences=[[50, 51]])
+  assert replies == [tok.decode(g.tokens) for g in direct] and len(set(replies)) == 3
+  bound = s.rollout_fn(PARAMS, sp, [[50, 51]])([tok.encode_chat(t) for t in texts], jax.random.key(2))
+  assert [(g.tokens, g.logps, g.stop_reason) for g in bound] == [(g.tokens, g.logps, g.stop_reason) for g in direct]
+  assert s.generate_text(PARAMS, texts, jax.random.key(3), sp, tok, [[50, 51]]) != replies  # the key is used
+
+
 @pytest.mark.parametrize("shape", [(2, 4, 1), (1, 2, 4)])
 def test_sharded_sampling_and_rescoring_equal_single_device(shape):
   spec = ModelSpec("Qwen2ForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=16,
