@@ -46,6 +46,7 @@ class Runtime:
   update_fn: Any
   optimizer: Any
   loss_cfg: objectives.SeedLossConfig
+  teacher: update_lib.TeacherPlan
   init_params: Any  # also the frozen KL reference
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
@@ -89,7 +90,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   n_envs = max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
   pool = EnvPool(family, cfg.env, n_envs)
   return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
-                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, init_params=params,
+                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg,
+                 teacher=update_lib.teacher_plan(loss_cfg, cfg.learner.teacher), init_params=params,
                  train_tasks=family.tasks(cfg.env, cfg.env.train_split),
                  eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
@@ -166,9 +168,9 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
                                          ok=p.ok, skill=p.skill, summary=p.summary, error=p.error, reply=r)
                                     for t, p, r in zip(good, analysis.parses, analysis.replies)])
   samples = batch_lib.collect_samples(good, skills_k, rt.tokenizer, cfg.model.max_prompt_tokens)
-  use_skill = rt.loss_cfg.uses_skill and skills_k is not None
   with timer.phase("rescore"):
-    contexts = [samples.prompts] + ([samples.skill_prompts] if use_skill and cfg.learner.teacher == "old" else [])
+    contexts = [samples.prompts] + ([samples.skill_prompts] if skills_k is not None and rt.teacher.rescore_skill_prompts
+                                    else [])
     lp, _ = rt.rescorer.score(state.params, contexts, samples.responses, cfg.rollout.temperature)
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
     ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
@@ -193,7 +195,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
 def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
   cfg = rt.cfg
   N, micro = len(samples), cfg.learner.micro_batch_size
-  skill_prompts = rt.loss_cfg.uses_skill and cfg.learner.teacher == "current"
+  skill_prompts = rt.teacher.update_reads_skill_prompts
   Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
   per = min(cfg.learner.minibatch_size, N)
   rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
