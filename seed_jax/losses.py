@@ -60,19 +60,6 @@ def kl_BT(logp_BT: jax.Array, ref_logp_BT: jax.Array, estimator: str) -> jax.Arr
   return jnp.clip(jnp.exp(x_BT) - x_BT - 1.0, -10.0, 10.0)
 
 
-def entropy_from_logits_BT(logits_BTV: jax.Array) -> jax.Array:
-  """H = −Σ_v p_v log p_v of softmax(logits) per position, in fp32 via log_softmax (stable for large logits;
-  −inf logits contribute 0). The logits must already be divided by the sampling temperature."""
-  logp_BTV = jax.nn.log_softmax(logits_BTV.astype(F32), axis=-1)
-  p_BTV = jnp.exp(logp_BTV)
-  return -jnp.sum(p_BTV * jnp.where(p_BTV > 0, logp_BTV, 0.0), axis=-1)  # where: no 0·(−inf) in value or grad
-
-
-def entropy_BT(logits_BTV: jax.Array, temperature: float = 1.0) -> jax.Array:
-  """Entropy of softmax(logits / temperature) per position (scales, then entropy_from_logits_BT)."""
-  return entropy_from_logits_BT(logits_BTV.astype(F32) / temperature)
-
-
 class OpdTerms(NamedTuple):
   loss_BT: jax.Array
   gate_BT: jax.Array  # g = σ(β·Δ)

@@ -27,8 +27,7 @@ def generate_once(cfg) -> str:
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
   sp = SamplingParams(temperature=cfg.generate.temperature, max_new_tokens=cfg.generate.max_new_tokens)
-  gen = sampler.generate(params, [tok.encode_chat(cfg.generate.prompt)], jax.random.key(cfg.seed), sp)[0]
-  return tok.decode(gen.tokens)
+  return sampler.generate_text(params, [cfg.generate.prompt], jax.random.key(cfg.seed), sp, tok)[0]
 
 
 def run_stage1(cfg) -> None:

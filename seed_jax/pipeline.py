@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, losses, skills
+from seed_jax import advantages, analyzers, losses, skills
 from seed_jax import update as update_lib
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
@@ -46,6 +46,7 @@ class Runtime:
   update_fn: Any
   optimizer: Any
   loss_cfg: losses.SeedLossConfig
+  teacher: update_lib.TeacherPlan
   init_params: Any  # also the frozen KL reference
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
@@ -89,7 +90,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   n_envs = max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
   pool = EnvPool(family, cfg.env, n_envs)
   return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
-                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, init_params=params,
+                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg,
+                 teacher=update_lib.teacher_plan(loss_cfg, cfg.learner.teacher), init_params=params,
                  train_tasks=family.tasks(cfg.env, cfg.env.train_split),
                  eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
@@ -110,10 +112,6 @@ def tasks_for_update(tasks: Sequence[Task], u: int, per_update: int, seed: int) 
     epoch, pos = divmod(k, len(tasks))
     out.append(tasks[np.random.default_rng([seed, epoch]).permutation(len(tasks))[pos]])
   return out
-
-
-def _generate_fn(rt: Runtime, params, sp: SamplingParams):
-  return lambda prompts, key: rt.sampler.generate(params, prompts, key, sp, rt.stop_sequences)
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str) -> dict[str, float]:
@@ -139,65 +137,93 @@ def analysis_active(cfg, u: int) -> bool:
 
 
 def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter) -> tuple[Any, dict]:
+  """One SEED update: rollout -> analyze -> collect -> re-score -> advantages -> PPO -> report."""
   cfg = rt.cfg
   key = jax.random.fold_in(jax.random.key(cfg.seed), u)
   timer = writer.phase_timer()
-  G = cfg.rollout.group_size
-  tasks = tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
-  rsp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
   with timer.phase("rollout"):
-    trajs = run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
-                         [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
-                         [g for _ in tasks for g in range(G)], _generate_fn(rt, state.params, rsp), rt.tokenizer,
-                         jax.random.fold_in(key, 0), max_prompt_tokens=cfg.model.max_prompt_tokens)
+    trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0))
   good = [t for t in trajs if t.termination != "env_error"]
   metrics = rollout_metrics(trajs, "rollout")
   if not any(t.steps for t in good):
     log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
     return state, metrics
-  skills_k = analysis = None
+  analysis = None
   if analysis_active(cfg, u):
     with timer.phase("analysis"):
-      asp = SamplingParams(temperature=0.0, max_new_tokens=cfg.analyzer.max_new_tokens)
-      gen = lambda texts: [rt.tokenizer.decode(g.tokens) for g in rt.sampler.generate(
-          state.params, [rt.tokenizer.encode_chat(t) for t in texts], jax.random.fold_in(key, 1), asp)]
-      analyzer = skills.make_analyzer(cfg.analyzer, gen)
-      analysis = skills.analyze_trajectories(analyzer, good, cfg.analyzer,
-                                             count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
-    skills_k = analysis.skills
+      analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
     metrics["analysis/parse_rate"] = analysis.parse_rate
-    writer.dump_jsonl("skills", u, [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success,
-                                         ok=p.ok, skill=p.skill, summary=p.summary, error=p.error, reply=r)
-                                    for t, p, r in zip(good, analysis.parses, analysis.replies)])
-  samples = batch_lib.collect_samples(good, skills_k, rt.tokenizer, cfg.model.max_prompt_tokens)
-  use_skill = rt.loss_cfg.uses_skill and skills_k is not None
+    writer.dump_jsonl("skills", u, _skill_records(good, analysis))
+  samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
+                                      cfg.model.max_prompt_tokens)
   with timer.phase("rescore"):
-    contexts = [samples.prompts] + ([samples.skill_prompts] if use_skill and cfg.learner.teacher == "old" else [])
-    lp, _ = rt.rescorer.score(state.params, contexts, samples.responses, cfg.rollout.temperature)
-    ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
-    ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
-                            cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
+    old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
   with timer.phase("update"):
-    state, upd = _ppo_epochs(rt, state, samples, adv_N, lp[0], ref, lp[1] if len(lp) > 1 else lp[0], key)
+    state, upd = _ppo_epochs(rt, state, samples, adv_N, old_logp, ref_logp, skill_logp, key)
   metrics.update(upd)
-  metrics["opd/analyzed_row_frac"] = float(samples.opd_mask_N.mean()) if len(samples) else 0.0
-  times = timer.pop()
-  metrics.update(times)
-  gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
-  metrics["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
-  metrics["compiles/sampler"], metrics["compiles/rescore"] = rt.sampler.compiles.count, rt.rescorer.compiles.count
-  metrics["env/restarts"] = rt.pool.restarts
+  metrics.update(_report(rt, trajs, samples, timer.pop()))
   writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in trajs[:cfg.train.dump_trajectories]])
   return state, metrics
 
 
+def _rollout(rt: Runtime, params, u: int, key) -> list[Trajectory]:
+  """group_size rollouts of each of update u's tasks with the current weights."""
+  cfg = rt.cfg
+  G = cfg.rollout.group_size
+  tasks = tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
+  sp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+  return run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
+                      [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
+                      [g for _ in tasks for g in range(G)], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
+                      rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens)
+
+
+def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:
+  """A hindsight skill per trajectory; the policy backend decodes greedily with the current weights."""
+  ac = rt.cfg.analyzer
+  sp = SamplingParams(temperature=0.0, max_new_tokens=ac.max_new_tokens)
+  analyzer = analyzers.make_analyzer(ac, lambda texts: rt.sampler.generate_text(params, texts, key, sp, rt.tokenizer))
+  return skills.analyze_trajectories(analyzer, trajs, ac, count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
+
+
+def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool):
+  """(π_old, skill-context, reference) log-probs per sample. The skill context is re-scored only when the
+  teacher is π_old and this update has skills; otherwise the π_old log-probs stand in (the OPD mask is all
+  False, or the update scores H(h, s) with π_θ itself). The reference is None without a KL term."""
+  cfg = rt.cfg
+  skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
+  lp, _ = rt.rescorer.score(params, [samples.prompts] + skill_ctx, samples.responses, cfg.rollout.temperature)
+  ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
+  ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
+                          cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
+  return lp[0], lp[1] if len(lp) > 1 else lp[0], ref
+
+
+def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> list[dict]:
+  return [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success, ok=p.ok, skill=p.skill,
+               summary=p.summary, error=p.error, reply=r) for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
+
+
+def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples,
+            times: dict[str, float]) -> dict[str, float]:
+  """The update's remaining metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts."""
+  m = {"opd/analyzed_row_frac": float(samples.opd_mask_N.mean()) if len(samples) else 0.0}
+  m.update(times)
+  gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
+  m["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
+  m["compiles/sampler"], m["compiles/rescore"] = rt.sampler.compiles.count, rt.rescorer.compiles.count
+  m["env/restarts"] = rt.pool.restarts
+  return m
+
+
 def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
+  """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps."""
   cfg = rt.cfg
   N, micro = len(samples), cfg.learner.micro_batch_size
-  skill_prompts = rt.loss_cfg.uses_skill and cfg.learner.teacher == "current"
+  skill_prompts = rt.teacher.update_reads_skill_prompts
   Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
   per = min(cfg.learner.minibatch_size, N)
   rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
@@ -239,7 +265,7 @@ def evaluate(rt: Runtime, params, key) -> dict[str, float]:
     for c, start in enumerate(range(0, len(tasks), n)):
       chunk = tasks[start:start + n]
       trajs += run_episodes(rt.pool, rt.family, cfg.env, chunk, list(range(start, start + len(chunk))),
-                            [0] * len(chunk), _generate_fn(rt, params, sp), rt.tokenizer,
+                            [0] * len(chunk), rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
                             jax.random.fold_in(jax.random.fold_in(key, c), len(m)),
                             max_prompt_tokens=cfg.model.max_prompt_tokens)
     m.update(rollout_metrics(trajs, f"eval/{split}"))

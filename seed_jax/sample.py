@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from seed_jax.config import check_choice
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
+from seed_jax.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,17 @@ class Sampler:
     for c, start in enumerate(range(0, len(prompts), step)):
       out += self._generate_batch(params, prompts[start:start + step], jax.random.fold_in(key, c), sp, stop_NL)
     return out
+
+  def generate_text(self, params, texts: Sequence[str], key, sp: SamplingParams, tokenizer: Tokenizer,
+                    stop_sequences: Sequence[Sequence[int]] = ()) -> list[str]:
+    """Replies to user messages: each text chat-templated by `tokenizer`, generated, decoded back to text."""
+    gens = self.generate(params, [tokenizer.encode_chat(t) for t in texts], key, sp, stop_sequences)
+    return [tokenizer.decode(g.tokens) for g in gens]
+
+  def rollout_fn(self, params, sp: SamplingParams, stop_sequences: Sequence[Sequence[int]] = ()
+                 ) -> Callable[[list[list[int]], Any], list[Generation]]:
+    """`generate` with fixed weights and sampling: the (prompt ids, key) -> generations of rollout.run_episodes."""
+    return lambda prompts, key: self.generate(params, prompts, key, sp, stop_sequences)
 
   def _generate_batch(self, params, prompts, key, sp: SamplingParams, stop_NL) -> list[Generation]:
     B = bucket(len(prompts), self.batch_sizes, "batch")

@@ -35,8 +35,8 @@ from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import transformer as tf
 from seed_jax.models import weights
+from seed_jax.models.logprobs import token_logprobs
 from seed_jax.models.spec import ModelSpec
-from seed_jax.rescore import token_logprobs
 
 log = logging.getLogger(__name__)
 

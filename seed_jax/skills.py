@@ -1,5 +1,5 @@
-"""Hindsight skills: the analysis prompt, robust JSON parsing, the skill-augmented prompt H(h, s), and the
-analyzer backends (the policy itself, or an external OpenAI-compatible server for stage-1 annotation).
+"""Hindsight skills: the analysis prompt, robust JSON parsing, the skill-augmented prompt H(h, s), and
+`analyze_trajectories` (prompts in, parsed skills out) over any backend of analyzers.py.
 
 The analysis prompt and its JSON schema (`episode_summary`, `episode_skill`) are a contract: SFT records
 and checkpoints depend on them, so change them only together with a new SFT run.
@@ -7,31 +7,20 @@ and checkpoints depend on them, so change them only together with a new SFT run.
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import dataclasses
-import email.utils
-import http.client
 import json
-import logging
-import os
-import random
-import threading
-import time
-import urllib.error
-import urllib.request
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ml_collections
 
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Trajectory
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+  from seed_jax.analyzers import Analyzer
 
 SKILL_FIELD = "episode_skill"
 SUMMARY_FIELD = "episode_summary"
 SKILL_BLOCK_PREFIX = "Skill from experience: "
-JSON_RETRY_MESSAGE = (f'Reply again with only the JSON object {{"{SUMMARY_FIELD}": "...", "{SKILL_FIELD}": "..."}}'
-                      " and no other text.")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -258,157 +247,7 @@ def augment_prompt(prompt_text: str, skill: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Backends
-
-
-class Analyzer(Protocol):
-  def analyze(self, prompts: list[str]) -> list[str]:
-    """Raw replies, one per prompt ("" when a reply could not be obtained)."""
-    ...
-
-
-@dataclasses.dataclass
-class AnalyzerStats:
-  requests: int = 0  # HTTP attempts (or policy prompts) sent
-  retries: int = 0  # attempts repeated after a transient error
-  failures: int = 0  # requests that produced no reply after all retries
-  json_retries: int = 0  # follow-up "JSON only" turns sent
-
-  def as_dict(self) -> dict[str, int]:
-    return dataclasses.asdict(self)
-
-
-class PolicyAnalyzer:
-  """The policy analyzes its own trajectories: `generate` is the pipeline's greedy decoder with the current
-  weights (one batched call, one attempt, no JSON retry)."""
-
-  def __init__(self, generate: Callable[[list[str]], list[str]]):
-    self._generate = generate
-    self.stats = AnalyzerStats()
-
-  def analyze(self, prompts: list[str]) -> list[str]:
-    if not prompts:
-      return []
-    replies = list(self._generate(list(prompts)))
-    if len(replies) != len(prompts):
-      raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
-    self.stats.requests += len(prompts)
-    return replies
-
-
-class _Transient(Exception):
-  def __init__(self, msg: str, retry_after: float | None = None):
-    super().__init__(msg)
-    self.retry_after = retry_after
-
-
-def _retry_after_s(value: str | None) -> float | None:
-  if not value:
-    return None
-  try:
-    return max(0.0, float(value))
-  except ValueError:
-    try:
-      return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-      return None
-
-
-class ExternalAnalyzer:
-  """Chat-completions client (OpenAI-compatible) on the standard library. Failures never raise: a prompt
-  whose requests all fail gets "" (no skill) and is counted in `stats.failures`."""
-
-  def __init__(self, cfg: ml_collections.ConfigDict):
-    self.cfg = cfg
-    self.url = cfg.base_url.rstrip("/") + "/chat/completions"
-    self._api_key = ""
-    if cfg.api_key_env:
-      self._api_key = os.environ.get(cfg.api_key_env, "")
-      if not self._api_key:
-        raise ValueError(f"external analyzer: environment variable {cfg.api_key_env!r} (external.api_key_env) "
-                         "is not set; set it or use api_key_env='' for a server without keys")
-    if cfg.concurrency < 1:
-      raise ValueError(f"external.concurrency must be >= 1, got {cfg.concurrency}")
-    self.stats = AnalyzerStats()
-    self._lock = threading.Lock()
-
-  def __repr__(self) -> str:  # the key never appears in logs
-    return f"ExternalAnalyzer(url={self.url!r}, model={self.cfg.model!r})"
-
-  def _count(self, **kw: int) -> None:
-    with self._lock:
-      for k, v in kw.items():
-        setattr(self.stats, k, getattr(self.stats, k) + v)
-
-  def _post(self, messages: list[dict[str, str]]) -> str:
-    """One attempt; raises _Transient on errors worth retrying, RuntimeError on the others."""
-    body = json.dumps({"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature,
-                       "max_tokens": self.cfg.max_tokens}).encode()
-    headers = {"Content-Type": "application/json"}
-    if self._api_key:
-      headers["Authorization"] = "Bearer " + self._api_key
-    request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-    self._count(requests=1)
-    try:
-      with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as response:
-        payload = json.loads(response.read())
-    except urllib.error.HTTPError as e:
-      if e.code in (408, 429) or e.code >= 500:
-        raise _Transient(f"HTTP {e.code}", _retry_after_s(e.headers.get("Retry-After"))) from None
-      raise RuntimeError(f"HTTP {e.code}: {e.read()[:200]!r}") from None
-    except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets, truncated bodies
-      raise _Transient(f"{type(e).__name__}: {e}") from None
-    except ValueError as e:  # body is not JSON (e.g. a proxy error page)
-      raise _Transient(f"bad response body: {e}") from None
-    try:
-      return payload["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError):
-      raise RuntimeError(f"unexpected response shape: {str(payload)[:200]}") from None
-
-  def _complete(self, messages: list[dict[str, str]]) -> str:
-    cfg = self.cfg
-    for attempt in range(cfg.max_retries + 1):
-      try:
-        return self._post(messages)
-      except _Transient as e:
-        if attempt == cfg.max_retries:
-          log.warning("analyzer request failed after %d attempts: %s", attempt + 1, e)
-          break
-        wait = e.retry_after
-        if wait is None:
-          wait = cfg.backoff_base_s * 2**attempt * random.uniform(1.0, 1.0 + cfg.backoff_jitter)
-        self._count(retries=1)
-        time.sleep(min(wait, cfg.backoff_max_s))
-      except RuntimeError as e:
-        log.warning("analyzer request failed: %s", e)
-        break
-    self._count(failures=1)
-    return ""
-
-  def _one(self, prompt: str) -> str:
-    messages = [{"role": "user", "content": prompt}]
-    reply = self._complete(messages)
-    if reply and self.cfg.json_retry and not parse_skill(reply).ok:
-      self._count(json_retries=1)
-      retry = self._complete(messages + [{"role": "assistant", "content": reply},
-                                         {"role": "user", "content": JSON_RETRY_MESSAGE}])
-      reply = retry or reply
-    return reply
-
-  def analyze(self, prompts: list[str]) -> list[str]:
-    with concurrent.futures.ThreadPoolExecutor(self.cfg.concurrency) as pool:
-      return list(pool.map(self._one, prompts))
-
-
-def make_analyzer(cfg: ml_collections.ConfigDict,
-                  generate: Callable[[list[str]], list[str]] | None = None) -> Analyzer:
-  if cfg.backend == "policy":
-    if generate is None:
-      raise ValueError("analyzer backend 'policy' needs the pipeline's generate function")
-    return PolicyAnalyzer(generate)
-  if cfg.backend == "external":
-    return ExternalAnalyzer(cfg.external)
-  raise ValueError(f"analyzer.backend must be 'policy' or 'external', got {cfg.backend!r}")
+# A batch of trajectories through one backend
 
 
 @dataclasses.dataclass

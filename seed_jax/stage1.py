@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from seed_jax import sft_oracle, skills
+from seed_jax import analyzers, sft_oracle, skills
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -149,8 +149,7 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
   sp = SamplingParams(cc.temperature, cfg.rollout.top_k, cc.top_p, cc.max_new_tokens)
-  stops = [tok.encode(s) for s in cfg.rollout.stop_strings]
-  generate = lambda prompts, key: sampler.generate(params, prompts, key, sp, stops)
+  generate = sampler.rollout_fn(params, sp, [tok.encode(s) for s in cfg.rollout.stop_strings])
   K, per = cc.rollouts, min(cc.tasks_per_batch, len(pending))
   n_traj = n_ok = n_steps = 0
   t0 = time.perf_counter()
@@ -202,7 +201,7 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     return _Backend(lambda chunk, _: [sft_oracle.oracle_reply(t, gold[i], thr) for i, t in chunk], count,
                     lambda: {"tasks_without_gold": sum(g is None for g in golds)})
   if ac.analyzer == "external":
-    analyzer = skills.ExternalAnalyzer(cfg.analyzer.external)
+    analyzer = analyzers.ExternalAnalyzer(cfg.analyzer.external)
     return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
   if ac.analyzer == "local":
     if not ac.local_model_path:
@@ -213,9 +212,8 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     sampler = Sampler(spec, ltok.eos_ids, SamplerConfig(max_prompt_len=ac.max_prompt_tokens,
                                                         max_batch=ac.local_max_batch, dtype=ac.local_dtype), mesh)
     sp = SamplingParams(temperature=0.0, max_new_tokens=ac.local_max_new_tokens)
-    generate = lambda texts: [ltok.decode(g.tokens) for g in sampler.generate(
-        params, [ltok.encode_chat(t) for t in texts], jax.random.key(cfg.seed), sp)]
-    analyzer = skills.PolicyAnalyzer(generate)
+    analyzer = analyzers.PolicyAnalyzer(
+        lambda texts: sampler.generate_text(params, texts, jax.random.key(cfg.seed), sp, ltok))
     # Prompts must fit both the SFT'd policy and the annotating model.
     return _Backend(lambda _, prompts: analyzer.analyze(prompts),
                     lambda s: max(count(s), len(ltok.encode_chat(s))), analyzer.stats.as_dict)

@@ -18,8 +18,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import losses
+from seed_jax.models.logprobs import response_logprobs
 from seed_jax.models.spec import ModelSpec
-from seed_jax.rescore import response_logprobs
 
 
 @flax.struct.dataclass
@@ -44,6 +44,23 @@ class MiniBatch:
   opd_mask_B: jax.Array | None = None
   skill_prompt_BP: jax.Array | None = None  # teacher="current": the skill-augmented prompts
   skill_pvalid_BP: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherPlan:
+  """Where the skill-context log-probs (the OPD teacher) come from. teacher="old": π_old at re-score time, so the
+  re-scorer scores H(h, s) next to the ordinary prompts; "current": π_θ in the update (stop-gradient), so the
+  mini-batches carry the H(h, s) prompts and each micro-batch scores both contexts in one forward."""
+  rescore_skill_prompts: bool
+  update_reads_skill_prompts: bool
+
+
+def teacher_plan(loss_cfg: losses.SeedLossConfig, teacher: str) -> TeacherPlan:
+  """The one place `learner.teacher` is read; without a skill term neither side looks at H(h, s)."""
+  if teacher not in ("old", "current"):
+    raise ValueError(f"update.teacher must be 'old' or 'current', got {teacher!r}")
+  return TeacherPlan(rescore_skill_prompts=loss_cfg.uses_skill and teacher == "old",
+                     update_reads_skill_prompts=loss_cfg.uses_skill and teacher == "current")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -94,7 +111,7 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
   fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, dtype=dtype,
                                                  chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
   skill_logp = mb.skill_logp_BR
-  if teacher == "current" and loss_cfg.uses_skill:
+  if teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
     both = lambda a, b: jnp.concatenate([a, b], axis=0)
     logp2, ent2 = fwd(both(mb.prompt_BP, mb.skill_prompt_BP), both(mb.pvalid_BP, mb.skill_pvalid_BP),
                       both(mb.resp_BR, mb.resp_BR), both(mb.rmask_BR, mb.rmask_BR))
@@ -114,8 +131,7 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
   """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated.
   `state_shardings` (from `state_shardings(params, optimizer)`) pins the new state to exactly the input
   layout, so the donated buffers are reused and the next call does not recompile for a respelled sharding."""
-  if teacher not in ("old", "current"):
-    raise ValueError(f"update.teacher must be 'old' or 'current', got {teacher!r}")
+  teacher_plan(loss_cfg, teacher)  # rejects an unknown teacher before anything is traced
   loss_fn = jax.value_and_grad(
       lambda p, mb, norm, temp: micro_loss(p, mb, norm, temp, spec=spec, loss_cfg=loss_cfg, dtype=dtype,
                                            chunk=chunk, remat=remat, teacher=teacher), has_aux=True)

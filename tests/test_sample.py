@@ -1,4 +1,4 @@
-"""The jitted sampler and the dual-context re-scorer on a tiny random model."""
+"""The jitted sampler on a tiny random model (and, sharded, the re-scorer next to it)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,25 +121,26 @@ def test_bad_input_and_oversized_batches():
   assert s.compiles.count == 2  # batch buckets 2 and 1, one prompt bucket
 
 
-def test_two_contexts_in_one_pass_equal_separate_passes():
-  rescorer = Rescorer(SPEC, 0, RescorerConfig(max_rows=16, min_len_bucket=16, max_prompt_len=32, max_response_len=16,
-                                              vocab_chunk=8, dtype="float32"))
-  ctx_b = [p + [7, 8, 9] for p in PROMPTS]
-  resp = [RNG.integers(3, 96, n).tolist() for n in (4, 9, 1, 16)]
-  both, ents = rescorer.score(PARAMS, [PROMPTS, ctx_b], resp, 1.3, with_entropy=True)
-  a, ea = rescorer.score(PARAMS, [PROMPTS], resp, 1.3, with_entropy=True)
-  b, _ = rescorer.score(PARAMS, [ctx_b], resp, 1.3)
-  for i in range(4):
-    np.testing.assert_allclose(both[0][i], a[0][i], atol=1e-5)
-    np.testing.assert_allclose(both[1][i], b[0][i], atol=1e-5)
-    np.testing.assert_allclose(ents[0][i], ea[0][i], atol=1e-5)
-    assert not np.allclose(both[0][i], both[1][i])
-  # Hand check of one token: log-softmax of temperature-scaled full logits.
-  t = jnp.asarray([PROMPTS[1] + resp[1]])
-  logits = np.asarray(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool)))[0] / 1.3
-  r0 = len(PROMPTS[1]) - 1
-  expect = logits[r0, resp[1][0]] - np.log(np.exp(logits[r0] - logits[r0].max()).sum()) - logits[r0].max()
-  assert np.isclose(both[0][1][0], expect, atol=1e-5)
+class _CharTokenizer:
+  """One id per character; the chat template wraps the message in two marker ids."""
+
+  def encode_chat(self, text):
+    return [1] + [3 + ord(c) % 90 for c in text] + [2]
+
+  def decode(self, ids):
+    return "-".join(map(str, ids))
+
+
+def test_generate_text_and_rollout_fn_are_generate_with_their_arguments_bound():
+  s, tok = _sampler(), _CharTokenizer()
+  sp = SamplingParams(temperature=0.9, max_new_tokens=7)
+  texts = ["boil water", "go", "open the door"]
+  direct = s.generate(PARAMS, [tok.encode_chat(t) for t in texts], jax.random.key(2), sp, [[50, 51]])
+  replies = s.generate_text(PARAMS, texts, jax.random.key(2), sp, tok, stop_sequences=[[50, 51]])
+  assert replies == [tok.decode(g.tokens) for g in direct] and len(set(replies)) == 3
+  bound = s.rollout_fn(PARAMS, sp, [[50, 51]])([tok.encode_chat(t) for t in texts], jax.random.key(2))
+  assert [(g.tokens, g.logps, g.stop_reason) for g in bound] == [(g.tokens, g.logps, g.stop_reason) for g in direct]
+  assert s.generate_text(PARAMS, texts, jax.random.key(3), sp, tok, [[50, 51]]) != replies  # the key is used
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 1), (1, 2, 4)])

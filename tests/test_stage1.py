@@ -22,7 +22,7 @@ from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 from stage1_helpers import step, tiny_model_folder, trajectory
-from test_skills import _Server
+from test_analyzers import _Server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,0 +1,166 @@
+"""The train step: micro-batch accumulation, the teacher plan, padding rows, the GRPO special case, the OPD
+gradient with teacher == student, and the non-finite guard."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import base
+from seed_jax import losses
+from seed_jax import update as update_lib
+from seed_jax.models import transformer as tf
+from seed_jax.models.logprobs import response_logprobs
+from seed_jax.models.spec import ModelSpec
+
+
+def _loss(**overrides) -> losses.SeedLossConfig:
+  return dataclasses.replace(losses.SeedLossConfig.from_config(base.get_base().objectives), **overrides)
+
+
+def _tiny_batch(B=4, P=6, R=5, seed=0):
+  rng = np.random.default_rng(seed)
+  spec = ModelSpec("Qwen3ForCausalLM", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                   ffn_dim=48)
+  params = tf.init_params(spec, 1)
+  params["embed"] = params["embed"] * 30
+  rmask = np.ones((B, R), bool)
+  rmask[1, 3:] = False
+  mb = update_lib.MiniBatch(
+      prompt_BP=rng.integers(1, 64, (B, P)).astype(np.int32), pvalid_BP=np.ones((B, P), bool),
+      resp_BR=rng.integers(1, 64, (B, R)).astype(np.int32), rmask_BR=rmask,
+      old_logp_BR=np.full((B, R), -2.0, np.float32), adv_B=np.array([1.0, -0.5, 0.3, -1.2], np.float32),
+      ref_logp_BR=np.full((B, R), -2.5, np.float32), skill_logp_BR=rng.normal(-2, 1, (B, R)).astype(np.float32),
+      opd_mask_B=np.array([True, False, True, True]))
+  return spec, params, jax.tree.map(jnp.asarray, mb)
+
+
+def _with_skill_prompts(mb, seed=1):
+  """Skill prompts that differ from the ordinary ones (a shifted token stream, two left-padding columns)."""
+  pvalid = np.ones(mb.pvalid_BP.shape, bool)
+  pvalid[:, :2] = False
+  prompt = np.where(pvalid, (np.asarray(mb.prompt_BP) + 7 * seed) % 63 + 1, 0).astype(np.int32)
+  return mb.replace(skill_prompt_BP=jnp.asarray(prompt), skill_pvalid_BP=jnp.asarray(pvalid))
+
+
+def _step(spec, params, mb, loss_cfg, micro, teacher="old"):
+  """One update with plain SGD (lr 1): the parameter change is exactly minus the accumulated gradient."""
+  opt = optax.sgd(1.0)
+  fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=micro, chunk=4, remat=False, teacher=teacher)
+  return fn(update_lib.init_state(jax.tree.map(jnp.copy, params), opt), mb, jnp.float32(1.0))
+
+
+def _assert_trees_close(a, b, atol):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5), a, b)
+
+
+@pytest.mark.parametrize("teacher", ["old", "current"])
+def test_micro_batch_accumulation_equals_one_big_batch(teacher):
+  spec, params, mb = _tiny_batch()
+  mb = _with_skill_prompts(mb)
+  loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
+  # The whole mini-batch as one micro-batch, with the gradient of micro_loss taken directly (no scan).
+  norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
+  (loss, _), grad = jax.value_and_grad(
+      lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32, chunk=4,
+                                      remat=False, teacher=teacher), has_aux=True)(params)
+  want = jax.tree.map(lambda p, g: p - g, params, grad)
+  assert float(optax.tree.norm(grad)) > 1e-3
+  for micro in (2, 1):
+    state, sums = _step(spec, params, mb, loss_cfg, micro, teacher)
+    _assert_trees_close(state.params, want, 1e-6)
+    np.testing.assert_allclose(float(sums["loss"]), float(loss), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(sums["grad_norm"]), float(optax.tree.norm(grad)), rtol=1e-5)
+    assert int(state.step) == 1 and float(sums["update_skipped"]) == 0.0
+
+
+def test_teacher_plan_decides_both_sides():
+  gated, none = _loss(opd_variant="gated"), _loss(opd_variant="none")
+  plan = lambda cfg, t: (lambda p: (p.rescore_skill_prompts, p.update_reads_skill_prompts))(
+      update_lib.teacher_plan(cfg, t))
+  assert plan(gated, "old") == (True, False)
+  assert plan(gated, "current") == (False, True)
+  assert plan(none, "old") == plan(none, "current") == (False, False)
+  with pytest.raises(ValueError, match="update.teacher must be 'old' or 'current', got 'new'"):
+    update_lib.teacher_plan(gated, "new")
+  spec, _, _ = _tiny_batch()
+  with pytest.raises(ValueError, match="got 'new'"):
+    update_lib.make_update_fn(spec, gated, optax.sgd(1.0), micro_batch_size=2, teacher="new")
+
+
+def test_teachers_differ_only_through_the_skill_log_probs():
+  # With skill prompts equal to the ordinary prompts and the π_old teacher row set to π_θ's own log-probs, the
+  # two teachers see the same numbers: the same update. Different skill prompts change it.
+  spec, params, mb = _tiny_batch()
+  loss_cfg = _loss(opd_variant="gated", opd_coef=1.0)
+  logp, _ = response_logprobs(params, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, 1.0,
+                              dtype=jnp.float32, chunk=4)
+  same = mb.replace(skill_logp_BR=logp, skill_prompt_BP=mb.prompt_BP, skill_pvalid_BP=mb.pvalid_BP)
+  old, _ = _step(spec, params, same, loss_cfg, 2, "old")
+  cur, _ = _step(spec, params, same, loss_cfg, 2, "current")
+  _assert_trees_close(cur.params, old.params, 1e-6)
+  other, _ = _step(spec, params, _with_skill_prompts(same), loss_cfg, 2, "current")
+  assert float(jnp.abs(other.params["embed"] - cur.params["embed"]).max()) > 1e-5
+
+
+def test_padding_rows_change_nothing():
+  spec, params, mb = _tiny_batch()
+  loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
+  pad = lambda x, fill: jnp.concatenate([x, jnp.full((4,) + x.shape[1:], fill, x.dtype)])
+  # Four padding rows as batch.minibatch writes them: no response tokens, zero advantage, no OPD.
+  padded = update_lib.MiniBatch(
+      prompt_BP=pad(mb.prompt_BP, 0), pvalid_BP=pad(mb.pvalid_BP, False), resp_BR=pad(mb.resp_BR, 0),
+      rmask_BR=pad(mb.rmask_BR, False), old_logp_BR=pad(mb.old_logp_BR, 0.0), adv_B=pad(mb.adv_B, 0.0),
+      ref_logp_BR=pad(mb.ref_logp_BR, 0.0), skill_logp_BR=pad(mb.skill_logp_BR, 0.0),
+      opd_mask_B=pad(mb.opd_mask_B, False))
+  a, sa = _step(spec, params, mb, loss_cfg, 2)
+  b, sb = _step(spec, params, padded, loss_cfg, 2)
+  _assert_trees_close(b.params, a.params, 1e-6)
+  for k in ("loss", "tokens", "seqs", "opd_tokens", "pg_term", "grad_norm"):
+    np.testing.assert_allclose(float(sb[k]), float(sa[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_zero_opd_weight_equals_plain_grpo_update():
+  spec, params, mb = _tiny_batch()
+  opt = update_lib.make_optimizer(base.get_base().learner)
+  results = []
+  for loss_cfg in (_loss(opd_variant="gated", opd_coef=0.0),
+                   _loss(opd_variant="none")):
+    fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=2, chunk=4, remat=False)
+    state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
+    results.append(fn(state, mb, jnp.float32(1.0))[0].params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7), *results)
+
+
+def test_teacher_equal_to_student_gives_gated_nll_with_gate_half():
+  spec, params, mb = _tiny_batch()
+  mb = mb.replace(adv_B=jnp.zeros_like(mb.adv_B), opd_mask_B=jnp.ones_like(mb.opd_mask_B),
+                  skill_prompt_BP=mb.prompt_BP, skill_pvalid_BP=mb.pvalid_BP)
+  loss_cfg = _loss(opd_variant="gated", opd_coef=1.0, entropy_coef=0.0, kl_coef=0.0)
+  norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
+  grad = jax.grad(lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32,
+                                                  chunk=4, remat=False, teacher="current")[0])(params)
+
+  def gated_nll(p):  # −0.5 · Σ m ℓ / Σ m
+    logp, _ = response_logprobs(p, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, 1.0,
+                                dtype=jnp.float32, chunk=4)
+    return -0.5 * jnp.sum(logp * mb.rmask_BR) / jnp.sum(mb.rmask_BR)
+
+  expect = jax.grad(gated_nll)(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5),
+               grad, expect)
+
+
+def test_non_finite_loss_skips_the_update_and_counts_it():
+  spec, params, mb = _tiny_batch()
+  opt = update_lib.make_optimizer(base.get_base().learner)
+  fn = update_lib.make_update_fn(spec, _loss(), opt, micro_batch_size=2, chunk=4, remat=False)
+  state = update_lib.init_state(jax.tree.map(jnp.copy, params), opt)
+  bad = mb.replace(ref_logp_BR=mb.ref_logp_BR.at[0, 0].set(jnp.nan))
+  new, metrics = fn(state, bad, jnp.float32(1.0))
+  assert int(new.skipped) == 1 and int(new.step) == 0 and float(metrics["update_skipped"]) == 1.0
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), new.params, params)
+  good, _ = fn(new, mb, jnp.float32(1.0))
+  assert int(good.step) == 1 and int(good.skipped) == 1
