@@ -1,5 +1,5 @@
 """ALFWorld (text). Variants: "" = CPU-sized (a few short episodes with the embedded model); "paper" = SEED's
-settings (SEED_ALGORITHM.md §5).
+settings (docs/algorithm.md §5).
 
 Needs the official game files: --config.env.data_dir=/folder/holding/json_2.1.1 ("" = $ALFWORLD_DATA, else
 ~/.cache/alfworld, where `alfworld-download` puts them).

@@ -1,4 +1,4 @@
-"""EZPoints (two cards, make 12). Variants: "" = CPU-sized; "paper" = SEED's settings (SEED_ALGORITHM.md §5).
+"""EZPoints (two cards, make 12). Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §5).
 
 The paper's policy is a vision model; the policies here read text, so the cards are named in text (the env's
 RGB rendering is turned off) and no history is shown, as in the paper. A solution takes 4 steps.

@@ -42,7 +42,7 @@ def cpu_default(c):
 
 
 def paper_default(c):
-  """SEED's model-side settings (SEED_ALGORITHM.md §2-3): a 3B checkpoint, 4k step prompts, 16k/4k analysis,
+  """SEED's model-side settings (docs/algorithm.md §2-3): a 3B checkpoint, 4k step prompts, 16k/4k analysis,
   mini-batches of 256 step-samples, bf16 compute. B, G and the env's steps/history are the env config's."""
   c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
   c.model.max_prompt_tokens = 4096

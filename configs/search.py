@@ -1,4 +1,4 @@
-"""Search-QA (text). Variants: "" = CPU-sized; "paper" = SEED's settings (SEED_ALGORITHM.md §3, §5).
+"""Search-QA (text). Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §3, §5).
 
 Needs questions and a retriever: --config.env.train_files=... --config.env.test_files=... (.jsonl/.parquet
 paths or tfds:NAME[/CONFIG]:SPLIT) and a Search-R1 style server at env.retriever_url, e.g. the built-in BM25

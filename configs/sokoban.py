@@ -1,4 +1,4 @@
-"""Sokoban 6x6, one box. Variants: "" = CPU-sized; "paper" = SEED's settings (SEED_ALGORITHM.md §5).
+"""Sokoban 6x6, one box. Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §5).
 
 The paper's policy is a vision model; the policies here read text, so the grid is shown as text (the env's RGB
 rendering is turned off) and no history is shown, as in the paper.

@@ -1,4 +1,4 @@
-"""WebShop (text). Variants: "" = CPU-sized; "paper" = SEED's settings (SEED_ALGORITHM.md §5).
+"""WebShop (text). Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §5).
 
 Needs the official data files: --config.env.data_dir=/folder/with/items_shuffle_1000.json,... ("" =
 $WEBSHOP_DATA_ROOT). Both variants use WebShop's advantage normalization, mean_norm (s - mu).

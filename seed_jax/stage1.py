@@ -1,4 +1,4 @@
-"""Stage 1 data (SEED_ALGORITHM.md §2): collect base-policy trajectories, then annotate each with a
+"""Stage 1 data (docs/algorithm.md §2): collect base-policy trajectories, then annotate each with a
 hindsight skill, giving the SFT records (analysis prompt -> `{"episode_summary", "episode_skill"}`).
 
 Both stages are resumable. Collection appends each finished task group as one JSONL line (one write, then

@@ -1,5 +1,5 @@
 """Every environment config in configs/: both variants load, validate, name a registered env whose splits
-exist, and the "paper" variants carry SEED's settings (SEED_ALGORITHM.md §3, §5)."""
+exist, and the "paper" variants carry SEED's settings (docs/algorithm.md §3, §5)."""
 import importlib
 import pathlib
 

@@ -1,4 +1,4 @@
-"""Action parsing (SEED_ALGORITHM.md §1) and the shared step-prompt layout."""
+"""Action parsing (docs/algorithm.md §1) and the shared step-prompt layout."""
 import pytest
 
 from configs import sciworld as sw_config, textworld_express as twx_config

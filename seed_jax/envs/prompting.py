@@ -1,6 +1,6 @@
 """Prompt rendering and action parsing shared by the text environments.
 
-Every step is a single-turn prompt (SEED_ALGORITHM.md §1): the task line, a window of the last
+Every step is a single-turn prompt (docs/algorithm.md §1): the task line, a window of the last
 `history_length` (observation, action) pairs, the current observation, the admissible actions and the
 answer-format line. The model answers `<think>...</think><action>...</action>` (or another tag set, e.g.
 Search-QA's `<search>`/`<answer>`). Environments with a fixed action vocabulary map the parsed text onto it
