@@ -1,4 +1,4 @@
-"""Stage 1 training (docs/algorithm.md §2.3): supervised fine-tuning of the policy to write hindsight skills.
+"""Stage 1 training (docs/algorithm.md §2): supervised fine-tuning of the policy to write hindsight skills.
 
 Each record is (analysis prompt, JSON reply). The prompt is the chat template of the analysis prompt with the
 generation prompt; the response is the JSON text plus the end-of-turn token, and only response tokens carry

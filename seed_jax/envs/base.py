@@ -155,3 +155,5 @@ class EnvFamily:
   render_prompt: Callable[[str, Sequence[tuple[str, str]], Observation, Any], str]
   # (response, cfg) -> the action sent to the env, and whether it counts as valid.
   parse_action: Callable[[str, Any], ParsedAction]
+  # Whether its envs' gold_actions() give a gold path (demonstrations, the oracle analyzer need one).
+  has_gold_paths: bool = True

@@ -274,4 +274,4 @@ def parse_action(response: str, cfg: Any) -> base.ParsedAction:
 
 
 FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
-                        parse_action=parse_action)
+                        parse_action=parse_action, has_gold_paths=False)
