@@ -109,6 +109,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.rescore.max_rows = 64  # contexts x samples per forward pass
   c.rescore.vocab_chunk = 128  # response positions per vocabulary-projection chunk
   c.rescore.dtype = "float32"
+  # "auto": π_old's log-probs are the sampler's own when they are the same numbers (fp32 sampling and scoring),
+  # saving the ordinary context's forward; "rescore": always re-score it.
+  c.rescore.old_logps = "auto"
 
   # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set
   # --config.mesh.shape / --config.mesh.dcn_shape by hand; a preset's fields win over hand-set ones.
@@ -136,6 +139,22 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval.every = 10  # updates between evaluations (0 = never during training)
   c.eval.at_end = True
   c.eval.batch_envs = 0  # minimum pool size for evaluation (the pool has at least B*G envs)
+  c.eval.at_start = False  # also evaluate the starting weights (recorded as 0 updates done)
+
+  w = c.warmstart = ml_collections.ConfigDict()  # stage "warmstart"; and RL's first phase with before_rl
+  w.before_rl = False  # stage "rl": warm-start the policy first (cached, see cache_dir), then RL from it
+  w.num_tasks = 16  # demo tasks, spread evenly over the env's train panel
+  w.max_steps = 0  # gold steps per demo; 0 = env.max_steps (what an RL episode sees)
+  w.envs = 4  # envs playing gold paths in parallel
+  w.reasoning = True  # demo replies carry one short <think> line before the action (False: the action only)
+  w.policy_weight = 1  # times each demo step record enters the SFT mix
+  w.analyzer_weight = 1  # times each analyzer record (oracle reply on the demo's RL-length view) enters it
+  w.cache_dir = ""  # before_rl: finished warm starts are kept here by config hash; "" = ~/.cache/seed_jax/warmstart
+
+  j = c.compile_cache = ml_collections.ConfigDict()  # JAX's persistent compilation cache
+  j.enabled = True
+  j.dir = ""  # "" = ~/.cache/seed_jax/jax_compilation_cache
+  j.min_compile_time_s = 1.0  # programs that compile faster are not written
 
   g = c.log = ml_collections.ConfigDict()
   g.jsonl_name = "metrics.jsonl"  # per-step scalars, one JSON object per line, in the workdir

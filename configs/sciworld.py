@@ -1,5 +1,5 @@
 """ScienceWorld. Variants: "" = the embedded default sized for a CPU in minutes; "paper" = SEED's settings;
-"collect" / "annotate" / "sft" (+ ",paper") = Stage 1 (configs/stage1.py).
+"collect" / "annotate" / "sft" / "warmstart" (+ ",paper") = Stage 1 (configs/stage1.py).
 
 python -m seed_jax.main --config=configs/sciworld.py[:paper] [--config.model.path=...]
 """
@@ -20,6 +20,11 @@ def get_config(variant: str = ""):
   if variant == "":
     cpu_default(c)
     c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
+    # The embedded default's first phase: SmolLM2-135M answers in prose and cuts its JSON short unless it is
+    # fine-tuned on the action format and the analysis reply first (cached after the first run).
+    c.warmstart.before_rl = True
+    stage1.cpu_warmstart(c)
+    c.analyzer.max_new_tokens = 160  # the analysis JSON closes well within this
   elif variant == "paper":
     paper_default(c)
   if stage:

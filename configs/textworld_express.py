@@ -1,7 +1,8 @@
 """TextWorldExpress: the fast JVM environment for tests, demos and CPU-scale experiments.
 
-Variants: "" = CPU-sized (coin, 2 rooms); "paper" = SEED's batch/group sizes and update settings;
-"collect" / "annotate" / "sft" (+ ",paper") = Stage 1 (configs/stage1.py).
+Variants: "" = CPU-sized (coin, 2 rooms); "paper" = SEED's batch/group sizes and update settings; "experiment" =
+the CPU-sized SEED-vs-GRPO experiment (seed_jax/experiment.py);
+"collect" / "annotate" / "sft" / "warmstart" (+ ",paper") = Stage 1 (configs/stage1.py).
 """
 import ml_collections
 
@@ -11,6 +12,8 @@ from configs.sciworld import cpu_default, paper_default
 
 def get_config(variant: str = ""):
   """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py), e.g. "sft,paper"."""
+  if variant == "experiment":
+    return experiment_config()
   paper, stage = stage1.parse_variant(variant, "textworld_express")
   variant = "paper" if paper else ""
   c = base.get_base()
@@ -25,6 +28,27 @@ def get_config(variant: str = ""):
     c.env.max_steps, c.env.history_length = 30, 5
   if stage:
     stage1.apply(c, stage, paper)
+  return c
+
+
+def experiment_config() -> ml_collections.ConfigDict:
+  """SEED against GRPO at CPU size (python -m seed_jax.experiment --config=configs/textworld_express.py:experiment):
+  coin collection over 4 rooms, action-only replies, a warm start from gold-path demos shared by every arm and
+  seed, evaluation on a fixed 16-game panel before training and every 2 updates."""
+  c = get_config("")
+  c.env.game_params.coin = "numLocations=4,includeDoors=0,numDistractorItems=0"
+  c.env.max_steps, c.env.history_length, c.env.history_obs_chars = 6, 2, 200
+  c.env.require_think = False
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 2, 4, 16
+  c.model.max_prompt_tokens = 768
+  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 128
+  c.learner.minibatch_size, c.learner.micro_batch_size = 48, 8
+  c.learner.lr = 1e-5  # a few updates of a 135M model: the paper's 1e-6 (3B, 150 updates) would barely move it
+  c.warmstart.before_rl = True
+  stage1.cpu_warmstart(c)
+  c.warmstart.num_tasks, c.warmstart.reasoning = 8, False
+  c.train.num_updates = 10
+  c.eval.every, c.eval.max_tasks, c.eval.at_start = 2, 16, True
   return c
 
 

@@ -17,9 +17,10 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 MESH_PRESETS_DIR = os.path.join(CONFIGS_DIR, "mesh")
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "stage": ("rl", "generate", "collect", "annotate", "sft"),
+    "stage": ("rl", "generate", "collect", "annotate", "sft", "warmstart"),
     "sampler.dtype": ("float32", "bfloat16"),
     "rescore.dtype": ("float32", "bfloat16"),
+    "rescore.old_logps": ("auto", "rescore"),
     "learner.dtype": ("float32", "bfloat16"),
     "learner.teacher": ("old", "current"),
     "learner.schedule": ("constant", "warmup_cosine"),
@@ -42,8 +43,10 @@ _STAGE_POSITIVE = {
     "annotate": ("annotate.chunk", "annotate.max_prompt_tokens", "annotate.gold_envs", "annotate.local_max_new_tokens",
                  "annotate.local_max_batch"),
     "sft": ("sft.epochs", "sft.batch_size", "sft.max_len", "sft.min_len_bucket", "sft.micro_rows", "sft.vocab_chunk"),
+    "warmstart": ("warmstart.num_tasks", "warmstart.envs", "warmstart.policy_weight"),
 }
-_STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac")}
+_STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac"),
+                       "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight")}
 _POSITIVE = ("rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs", "sampler.max_batch",
              "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
@@ -95,13 +98,17 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   for path in _NON_NEGATIVE:
     if not get(cfg, path) >= 0:
       raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
-  for path in _STAGE_POSITIVE.get(cfg.stage, ()):
-    if not get(cfg, path) > 0:
-      raise ValueError(f"config.{path}={get(cfg, path)!r} must be > 0")
-  for path in _STAGE_NON_NEGATIVE.get(cfg.stage, ()):
-    if not get(cfg, path) >= 0:
-      raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
-  if cfg.stage == "sft" and not 0 <= cfg.sft.val_frac < 1:
+  # The warm start (its own stage, or RL's first phase) runs the SFT trainer: both sets of fields apply.
+  stages = {cfg.stage} | ({"warmstart"} if cfg.stage == "warmstart" or cfg.warmstart.before_rl else set())
+  stages |= {"sft"} if "warmstart" in stages else set()
+  for stage in sorted(stages):
+    for path in _STAGE_POSITIVE.get(stage, ()):
+      if not get(cfg, path) > 0:
+        raise ValueError(f"config.{path}={get(cfg, path)!r} must be > 0")
+    for path in _STAGE_NON_NEGATIVE.get(stage, ()):
+      if not get(cfg, path) >= 0:
+        raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
+  if "sft" in stages and not 0 <= cfg.sft.val_frac < 1:
     raise ValueError(f"config.sft.val_frac={cfg.sft.val_frac} must be in [0, 1)")
   if not 0 < cfg.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
@@ -116,6 +123,6 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if cfg.stage == "annotate" and cfg.annotate.analyzer == "local" and not cfg.annotate.local_model_path:
     raise ValueError("config.annotate.local_model_path is empty: the 'local' analyzer needs a model "
                      "(HF folder | .gguf file | embedded)")
-  needs_env = cfg.stage in ("rl", "collect") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")
+  needs_env = cfg.stage in ("rl", "collect", "warmstart") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")
   if needs_env and "name" not in cfg.env:
     raise ValueError("config.env.name is missing: use an environment config such as configs/sciworld.py")

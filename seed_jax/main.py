@@ -31,7 +31,7 @@ def generate_once(cfg) -> str:
 
 
 def run_stage1(cfg) -> None:
-  """collect -> annotate -> sft, each reading what the previous wrote in the same workdir."""
+  """collect -> annotate -> sft, each reading what the previous wrote in the same workdir; or warmstart."""
   import json
   from seed_jax import sft, stage1
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.get('name', 'none')}-stage1")
@@ -42,7 +42,8 @@ def run_stage1(cfg) -> None:
   elif cfg.stage == "annotate":
     stats = stage1.annotate(cfg, workdir)
   else:
-    out = sft.train(cfg, workdir)
+    from seed_jax import warmstart
+    out = warmstart.run(cfg, workdir) if cfg.stage == "warmstart" else sft.train(cfg, workdir)
     stats = out["metrics"]
     print(f"seed_jax: exported {out['export_dir']}; start RL with --config.model.path={out['export_dir']}")
   with open(os.path.join(workdir, f"{cfg.stage}_stats.json"), "w") as f:
@@ -62,10 +63,13 @@ def main(argv):
     validate(cfg)
   except ValueError as e:
     sys.exit(f"config error: {e}")
+  if cfg.compile_cache.enabled:
+    from seed_jax.infra import compile_cache
+    compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
   if cfg.stage == "generate":
     print(generate_once(cfg))
     return
-  if cfg.stage in ("collect", "annotate", "sft"):
+  if cfg.stage in ("collect", "annotate", "sft", "warmstart"):
     run_stage1(cfg)
     return
   from seed_jax import pipeline

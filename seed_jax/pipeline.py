@@ -159,6 +159,8 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   with timer.phase("rescore"):
     old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
+  metrics.update(advantage_metrics(adv_N))
+  metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
   with timer.phase("update"):
@@ -189,17 +191,38 @@ def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.An
   return skills.analyze_trajectories(analyzer, trajs, ac, count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
 
 
+def old_logps_from_sampler(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether π_old's log-probs are the sampler's own: with fp32 sampling and fp32 scoring at the same (non-zero)
+  rollout temperature they are the numbers a re-score would compute (tests hold them equal within 1e-5), so
+  the ordinary context needs no second forward. rescore.old_logps="rescore" always re-scores."""
+  return (cfg.rescore.old_logps == "auto" and cfg.sampler.dtype == "float32" and cfg.rescore.dtype == "float32"
+          and cfg.rollout.temperature > 0)
+
+
 def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool):
-  """(π_old, skill-context, reference) log-probs per sample. The skill context is re-scored only when the
-  teacher is π_old and this update has skills; otherwise the π_old log-probs stand in (the OPD mask is all
-  False, or the update scores H(h, s) with π_θ itself). The reference is None without a KL term."""
+  """(π_old, skill-context, reference) log-probs per sample. π_old's come from the sampler where they are the
+  same numbers (old_logps_from_sampler), else from re-scoring the ordinary context. The skill context is
+  re-scored only when the teacher is π_old and this update has skills; otherwise the π_old log-probs stand in
+  (the OPD mask is all False, or the update scores H(h, s) with π_θ itself). The reference is None without a
+  KL term."""
   cfg = rt.cfg
+  reuse = old_logps_from_sampler(cfg)
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
-  lp, _ = rt.rescorer.score(params, [samples.prompts] + skill_ctx, samples.responses, cfg.rollout.temperature)
-  ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
-  ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses,
-                          cfg.rollout.temperature)[0][0] if rt.loss_cfg.kl_coef else None
-  return lp[0], lp[1] if len(lp) > 1 else lp[0], ref
+  contexts = ([] if reuse else [samples.prompts]) + skill_ctx
+  lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature)[0] if contexts else []
+  old = [np.asarray(x, np.float32) for x in samples.sampled_logps] if reuse else lp[0]
+  ref = None
+  if rt.loss_cfg.kl_coef:
+    ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
+    ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses, cfg.rollout.temperature)[0][0]
+  return old, lp[-1] if skill_ctx else old, ref
+
+
+def advantage_metrics(adv_N: np.ndarray) -> dict[str, float]:
+  """How much learning signal the update carries: all zeros means every step-sample scored the same."""
+  a = np.abs(np.asarray(adv_N, np.float64))
+  return {"advantages/abs_mean": float(a.mean()) if a.size else 0.0,
+          "advantages/nonzero_frac": float((a > 1e-8).mean()) if a.size else 0.0}
 
 
 def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> list[dict]:
@@ -284,14 +307,30 @@ def summary_line(u: int, total: int, m: dict[str, Any]) -> str:
   """One log line per update: the outcome, the distillation signal and where the time went."""
   get = lambda k: m.get(k) if isinstance(m.get(k), (int, float)) else float("nan")
   times = " ".join(f"{k[5:-2]} {get(k):.0f}s" for k in ("time/rollout_s", "time/analysis_s", "time/rescore_s",
-                                                          "time/update_s", "time/eval_s") if k in m)
+                                                          "time/update_s") if k in m)
   return (f"update {u + 1}/{total}: return {get('rollout/return'):.3f} success {get('rollout/success'):.3f} "
           f"invalid {get('rollout/invalid_action_rate'):.2f} skill-parse {get('analysis/parse_rate'):.2f} "
           f"opd-tokens {get('update/opd_tokens'):.0f} loss {get('update/loss'):.4f} | {times}")
 
 
+def _evaluate_record(rt: Runtime, writer: MetricsWriter, params, done: int) -> dict[str, Any]:
+  """Evaluates `params` after `done` updates and writes it as its own record at step `done`."""
+  t0 = time.time()
+  m = evaluate(rt, params, jax.random.fold_in(jax.random.key(rt.cfg.seed + 1), done))
+  m["eval/updates_done"] = done
+  m["time/eval_s"] = time.time() - t0
+  out = writer.write(done, m)
+  splits = " ".join(f"{s} {out.get(f'eval/{s}/success', float('nan')):.3f}" for s in rt.eval_tasks)
+  log.info("eval after %d updates: success %s | %.0fs", done, splits, m["time/eval_s"])
+  return out
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """The resumable RL loop; returns the last update's metrics (and the final eval's)."""
+  """The resumable RL loop; returns the last update's metrics (and the final eval's). Evaluations are records of
+  their own at step = updates done (0 = the starting weights, with eval.at_start)."""
+  if cfg.warmstart.before_rl:
+    from seed_jax import warmstart
+    cfg = warmstart.with_warm_policy(cfg)
   os.makedirs(workdir, exist_ok=True)
   rt = build(cfg)
   is_writer = distributed.is_writer()  # [scale]
@@ -307,24 +346,21 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       start, history = int(meta["next_update"]), list(meta.get("history", []))
       log.info("resumed from %s at update %d", workdir, start)
     last: dict[str, Any] = {}
+    if cfg.eval.at_start and start == 0:
+      _evaluate_record(rt, writer, state.params, 0)
     for u in range(start, cfg.train.num_updates):
       t0 = time.time()
       state, metrics = rl_update(rt, state, u, writer)
-      if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < cfg.train.num_updates:
-        t1 = time.time()
-        metrics.update(evaluate(rt, state.params, jax.random.fold_in(jax.random.key(cfg.seed + 1), u)))
-        metrics["time/eval_s"] = time.time() - t1
       metrics["time/update_total_s"] = time.time() - t0
       last = writer.write(u, metrics)
       log.info("%s", summary_line(u, cfg.train.num_updates, last))
+      if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < cfg.train.num_updates:
+        _evaluate_record(rt, writer, state.params, u + 1)
       history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
       ckpt.save(u + 1, state, metadata=dict(next_update=u + 1, task_position=(u + 1) * cfg.rollout.tasks_per_update,
                                             history=history), force=u + 1 == cfg.train.num_updates)
     if cfg.eval.at_end and cfg.train.num_updates > start:
-      t1 = time.time()
-      final = evaluate(rt, state.params, jax.random.fold_in(jax.random.key(cfg.seed + 1), cfg.train.num_updates))
-      final["time/eval_s"] = time.time() - t1
-      last.update(writer.write(cfg.train.num_updates, final))
+      last.update(_evaluate_record(rt, writer, state.params, cfg.train.num_updates))
     ckpt.wait()
     return {"metrics": last, "state": state}
   finally:

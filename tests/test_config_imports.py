@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG_MODULES = sorted(
     "configs." + ".".join(p.relative_to(ROOT / "configs").with_suffix("").parts)
     for p in (ROOT / "configs").rglob("*.py") if p.stem != "__init__")
-CANDIDATE_VARIANTS = ("", "paper", "collect", "annotate", "sft", "collect,paper", "annotate,paper", "sft,paper")
+CANDIDATE_VARIANTS = ("", "paper", "collect", "annotate", "sft", "warmstart", "experiment", "collect,paper", "annotate,paper",
+                      "sft,paper", "warmstart,paper")
 
 
 def _accepted_variants(module) -> list[str]:

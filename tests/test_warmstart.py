@@ -1,0 +1,151 @@
+"""Policy warm start on TextWorldExpress: demo prompts equal the rollout's, a tiny policy overfits the demos
+(greedy replies reproduce the gold actions), the cache is reused, and an RL run from the warm policy has
+a learning signal in every update."""
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import textworld_express as twx_config
+from seed_jax import pipeline, warmstart
+from seed_jax.config import validate
+from seed_jax.envs import get_family
+from seed_jax.envs.pool import EnvPool
+from seed_jax.infra.mesh import make_mesh
+from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import transformer, weights
+from seed_jax.models.spec import ModelSpec
+from seed_jax.rollout import run_episodes
+from seed_jax.sample import Generation, Sampler, SamplerConfig, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+def _cfg(model_path, tmp):
+  c = twx_config.get_config("")
+  c.model.path = model_path
+  c.model.max_prompt_tokens = 512
+  c.env.max_steps = 3
+  c.warmstart.num_tasks, c.warmstart.envs, c.warmstart.cache_dir = 4, 2, os.path.join(tmp, "cache")
+  # Demos show the first 2 of the 3 gold steps: the warm policy has not seen the last one, so RL has room.
+  c.warmstart.max_steps = 2
+  c.sft.epochs, c.sft.batch_size, c.sft.lr, c.sft.max_len, c.sft.schedule = 50, 4, 3e-3, 1024, "constant"
+  c.sft.warmup_frac, c.sft.val_frac, c.sft.remat = 0.05, 0.0, False
+  c.sft.checkpoint.save_interval_steps = 1000
+  c.analyzer.max_prompt_tokens = 1024
+  return c
+
+
+@pytest.fixture(scope="module")
+def able_model_dir(tmp_path_factory):
+  """A small random Llama (2 layers, width 64) with the embedded tokenizer: big enough to memorize a
+  handful of demos in a few dozen steps."""
+  tok = tokenizer_lib.load_tokenizer("embedded")
+  spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                   head_dim=16, ffn_dim=128, tie_embeddings=True, bos_token_id=1, eos_token_id=2)
+  path = str(tmp_path_factory.mktemp("able_model"))
+  weights.export_hf(transformer.init_params(spec, 0), spec, path)
+  tok.hf.save_pretrained(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def warm(able_model_dir, tmp_path_factory):
+  """The warm start of the tiny model, trained once on a one-device mesh (8 fake devices only cost time at
+  this size): (config, export folder)."""
+  c = _cfg(able_model_dir, str(tmp_path_factory.mktemp("warm")))
+  validate(c)
+  return c, warmstart.ensure_warm_policy(c, make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+def test_demo_prompts_are_the_rollout_prompts():
+  """Each demo step's prompt (text and ids) equals what the rollout renders when it plays the same gold
+  actions, and the demo reaches the same outcome."""
+  c = twx_config.get_config("")
+  c.env.max_steps = 6
+  family = get_family(c.env.name)
+  tok = tokenizer_lib.load_tokenizer("embedded")
+  tasks = family.tasks(c.env, "train")[:3]
+  with EnvPool(family, c.env, 2) as pool:
+    demos, golds = warmstart.play_demos(pool, family, c.env, tok, tasks, max_prompt_tokens=1024, max_steps=6)
+    assert [d.task.task_id for d in demos] == [t.task_id for t in tasks]
+    for demo, gold in zip(demos, golds):
+      script = iter(gold)
+
+      def generate(prompts, key):
+        assert len(prompts) == 1
+        ids = tok.encode(warmstart.demo_response(next(script)))
+        return [Generation(ids, [0.0] * len(ids), "stop")]
+
+      traj = run_episodes(pool, family, c.env, [demo.task], [0], [0], generate, tok, jax.random.key(0),
+                          max_prompt_tokens=1024, max_steps=6)[0]
+      assert len(traj.steps) == len(demo.steps) > 0
+      assert [s.prompt_text for s in traj.steps] == [s.prompt_text for s in demo.steps]
+      assert [s.prompt_tokens for s in traj.steps] == [s.prompt_tokens for s in demo.steps]
+      assert [s.action for s in traj.steps] == [s.action for s in demo.steps]
+      assert all(s.action_valid for s in traj.steps)
+      assert (traj.success, traj.episode_return) == (demo.success, demo.episode_return)
+  assert any(d.success for d in demos)  # 2-room coin games are solved within 6 gold steps
+
+
+def test_warm_start_overfits_demos_and_is_cached(warm, able_model_dir, tmp_path):
+  c, export = warm
+  folder = os.path.dirname(export)
+  records = [json.loads(line) for line in open(os.path.join(folder, warmstart.RECORDS_FILE))]
+  policy = [r for r in records if r["kind"] == "policy"]
+  assert policy and any(r["kind"] == "analyzer" for r in records)
+  # Greedy replies on the demo states reproduce the gold replies' actions.
+  spec, params = weights.load_model(export)
+  tok = tokenizer_lib.load_tokenizer(export)
+  family = get_family(c.env.name)
+  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=512, max_batch=16, dtype="float32"))
+  gens = sampler.generate(params, [tok.encode_chat(r["prompt"]) for r in policy], jax.random.key(0),
+                          SamplingParams(temperature=0.0, max_new_tokens=32), [tok.encode("</action>")])
+  got = [family.parse_action(tok.decode(g.tokens), c.env) for g in gens]
+  want = [family.parse_action(r["response"], c.env).action for r in policy]
+  hits = np.mean([p.valid and p.action == w for p, w in zip(got, want)])
+  assert hits >= 0.9, (hits, [tok.decode(g.tokens) for g in gens][:4])
+  # A second call reuses the finished export: nothing is retrained.
+  stamp = os.path.getmtime(os.path.join(export, "model.safetensors"))
+  assert warmstart.ensure_warm_policy(c) == export
+  assert os.path.getmtime(os.path.join(export, "model.safetensors")) == stamp
+  # Another setting that shapes the weights is another cache entry.
+  c2 = _cfg(able_model_dir, c.warmstart.cache_dir)
+  c2.warmstart.cache_dir = c.warmstart.cache_dir
+  assert warmstart.cache_dir(c2) == warmstart.cache_dir(c)
+  c2.warmstart.num_tasks = 3
+  assert warmstart.cache_dir(c2) != warmstart.cache_dir(c)
+
+
+def test_rl_from_warm_policy_has_a_signal_every_update(warm, tmp_path):
+  """The RL stage warm-starts first (here: from the cache), then every update has non-zero advantages and OPD
+  tokens, and π_old's log-probs are the sampler's (fp32)."""
+  c = ml_collections.ConfigDict(warm[0].to_dict())
+  c.warmstart.before_rl = True
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 4, 4, 24
+  c.analyzer.max_new_tokens = 96
+  c.learner.minibatch_size, c.learner.micro_batch_size = 64, 8
+  c.train.num_updates = 2
+  c.eval.at_end, c.eval.every = False, 0
+  validate(c)
+  out = pipeline.train(c, str(tmp_path / "run"))
+  lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  updates = [r for r in lines if "rollout/return" in r]
+  assert len(updates) == 2
+  for r in updates:
+    assert r["rollout/invalid_action_rate"] < 0.5, r
+    assert r["advantages/abs_mean"] > 0, r
+    assert r["update/opd_tokens"] > 0, r
+    assert r["rescore/old_logps_from_sampler"] == 1.0
+  assert out["metrics"]["analysis/parse_rate"] > 0
+
+
+def test_family_without_gold_paths_is_one_clear_error(tmp_path):
+  from configs import webshop as webshop_config
+  c = webshop_config.get_config("")
+  c.warmstart.cache_dir = str(tmp_path)
+  with pytest.raises(ValueError, match="webshop.*gold path"):
+    warmstart.check_gold_paths(c)
