@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import stage1
@@ -282,7 +283,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
       start = int(meta["next_step"])
       log.info("sft: resumed at step %d", start)
     last: dict[str, Any] = {}
-    for step in range(start, total):
+    for step in tqdm.trange(start, total, initial=start, total=total, desc="sft", unit="step", leave=False):
       batch = pack([data.train[i] for i in step_records(len(data.train), sc.batch_size, step, cfg.seed)],
                    sc.max_len, sc.min_len_bucket, sc.micro_rows)
       fresh = compiles.see(batch.tokens_RL.shape + batch.idx_RK.shape)
