@@ -1,0 +1,236 @@
+"""Arms x seeds through the normal pipeline, from one shared warm start, with curves and a table.
+
+  python -m seed_jax.experiment --config=configs/textworld_express.py:experiment --arms=seed,grpo --seeds=0,1,2
+
+Every run is `pipeline.train` in its own folder <workdir>/<arm>-s<seed> (resumable from its checkpoints); a
+finished run leaves `run_done.json`, so a killed experiment continues with the runs not yet finished and never
+repeats one. The evaluations (fixed panel, before training and every `eval.every` updates) are gathered into
+`experiment.jsonl`, `curves.png` and `summary.md`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+import ml_collections
+import numpy as np
+
+DONE_FILE = "run_done.json"
+
+
+def _seed_arm(c: ml_collections.ConfigDict) -> None:
+  c.analyzer.enabled = True
+
+
+def _grpo_arm(c: ml_collections.ConfigDict) -> None:
+  c.analyzer.enabled = False  # the same code path without analysis and OPD
+
+
+ARMS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"seed": _seed_arm, "grpo": _grpo_arm}
+COLORS = {"seed": "tab:blue", "grpo": "tab:orange"}
+
+
+def parse_arms(text: str) -> list[str]:
+  arms = [a.strip() for a in text.split(",") if a.strip()]
+  bad = [a for a in arms if a not in ARMS]
+  if not arms or bad:
+    raise ValueError(f"unknown experiment arm(s) {bad or text!r}; known: {', '.join(sorted(ARMS))}")
+  return arms
+
+
+def parse_seeds(text: str) -> list[int]:
+  try:
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+  except ValueError:
+    raise ValueError(f"--seeds={text!r} must be comma-separated integers") from None
+  if not seeds:
+    raise ValueError("--seeds is empty")
+  return seeds
+
+
+def run_config(cfg: ml_collections.ConfigDict, arm: str, seed: int, model_path: str) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  ARMS[arm](c)
+  c.seed = seed
+  c.model.path = model_path
+  c.warmstart.before_rl = False  # the experiment's shared warm start is model_path
+  c.eval.at_start = True
+  return c
+
+
+def eval_curve(metrics_path: str) -> list[dict[str, Any]]:
+  """The run's evaluation records in update order: {updates, success, return}."""
+  out = []
+  with open(metrics_path, encoding="utf-8") as f:
+    for line in f:
+      r = json.loads(line)
+      if "eval/updates_done" in r:
+        split = next(k.split("/")[1] for k in r if k.startswith("eval/") and k.endswith("/success"))
+        out.append(dict(updates=int(r["eval/updates_done"]), success=r[f"eval/{split}/success"],
+                        ret=r[f"eval/{split}/return"]))
+  out.sort(key=lambda e: e["updates"])
+  return out
+
+
+def train_curve(metrics_path: str) -> list[dict[str, Any]]:
+  """Per update: skill-parse rate, mean OPD gate and gap (absent keys are NaN)."""
+  out = []
+  with open(metrics_path, encoding="utf-8") as f:
+    for line in f:
+      r = json.loads(line)
+      if "rollout/return" in r:
+        g = lambda k: float(r.get(k, math.nan))
+        out.append(dict(updates=int(r["step"]) + 1, parse=g("analysis/parse_rate"), gate=g("update/opd_gate_mean"),
+                        gap=g("update/opd_gap_mean"), success=g("rollout/success")))
+  return out
+
+
+def _mean_se(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+  a = np.asarray(rows, float)
+  se = a.std(axis=0, ddof=1) / np.sqrt(len(a)) if len(a) > 1 else np.zeros(a.shape[1])
+  return a.mean(axis=0), se
+
+
+def plot(results: dict[str, dict[int, dict]], path: str) -> None:
+  """Eval success and return per arm (thin: seeds; thick: mean; band: ±1 s.e.), and the SEED arm's
+  skill-parse rate and OPD gate / gap."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  for ax, key, label in ((axes[0], "success", "eval success"), (axes[1], "ret", "eval return")):
+    for arm, runs in results.items():
+      curves = [r["eval"] for r in runs.values() if r["eval"]]
+      if not curves:
+        continue
+      n = min(len(c) for c in curves)
+      x = [e["updates"] for e in curves[0][:n]]
+      ys = [[e[key] for e in c[:n]] for c in curves]
+      for y in ys:
+        ax.plot(x, y, color=COLORS.get(arm), alpha=0.35, linewidth=0.8)
+      m, se = _mean_se(ys)
+      ax.plot(x, m, color=COLORS.get(arm), linewidth=2.5, label=f"{arm} (n={len(ys)})")
+      ax.fill_between(x, m - se, m + se, color=COLORS.get(arm), alpha=0.2)
+    ax.set_ylabel(label)
+  ax = axes[2]
+  for arm, runs in results.items():
+    if arm != "seed":
+      continue
+    for name, style in (("parse", "-"), ("gate", "--"), ("gap", ":")):
+      curves = [[e[name] for e in r["train"]] for r in runs.values() if r["train"]]
+      if curves:
+        n = min(map(len, curves))
+        m, _ = _mean_se([c[:n] for c in curves])
+        ax.plot(range(1, n + 1), m, style, color=COLORS["seed"], label=f"seed: {name}")
+  ax.set_title("skill-parse rate, OPD gate and gap (SEED arm)")
+  for ax in axes:
+    ax.set_xlabel("update")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def summarize(results: dict[str, dict[int, dict]], baseline: str = "grpo") -> str:
+  """Markdown: final eval success per arm (mean ± s.e. over seeds), the warm start's, and the updates each
+  arm needs (mean curve) to reach the baseline arm's final success."""
+  final = {arm: [r["eval"][-1]["success"] for r in runs.values() if r["eval"]] for arm, runs in results.items()}
+  start = {arm: [r["eval"][0]["success"] for r in runs.values() if r["eval"]] for arm, runs in results.items()}
+  target = float(np.mean(final[baseline])) if final.get(baseline) else None
+  lines = ["| arm | seeds | warm-start success | final success (mean ± s.e.) | updates to reach "
+           f"{baseline}'s final |", "|---|---|---|---|---|"]
+  for arm, runs in results.items():
+    f, s = final[arm], start[arm]
+    se = float(np.std(f, ddof=1) / np.sqrt(len(f))) if len(f) > 1 else 0.0
+    reach = "-"
+    curves = [r["eval"] for r in runs.values() if r["eval"]]
+    if target is not None and curves:
+      n = min(map(len, curves))
+      m, _ = _mean_se([[e["success"] for e in c[:n]] for c in curves])
+      hit = [curves[0][i]["updates"] for i in range(n) if m[i] >= target - 1e-9]
+      reach = str(hit[0]) if hit else "not reached"
+    lines.append(f"| {arm} | {len(f)} | {np.mean(s):.3f} | {np.mean(f):.3f} ± {se:.3f} | {reach} |")
+  return "\n".join(lines) + "\n"
+
+
+def gather(workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> dict[str, dict[int, dict]]:
+  results: dict[str, dict[int, dict]] = {}
+  for arm in arms:
+    for seed in seeds:
+      path = os.path.join(workdir, f"{arm}-s{seed}", "metrics.jsonl")
+      if os.path.exists(os.path.join(workdir, f"{arm}-s{seed}", DONE_FILE)):
+        results.setdefault(arm, {})[seed] = dict(eval=eval_curve(path), train=train_curve(path))
+  return results
+
+
+def write_outputs(workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> dict[str, dict[int, dict]]:
+  results = gather(workdir, arms, seeds)
+  with open(os.path.join(workdir, "experiment.jsonl"), "w", encoding="utf-8") as f:
+    for arm, runs in results.items():
+      for seed, r in sorted(runs.items()):
+        for e in r["eval"]:
+          f.write(json.dumps(dict(arm=arm, seed=seed, kind="eval", **e)) + "\n")
+        for e in r["train"]:
+          f.write(json.dumps(dict(arm=arm, seed=seed, kind="train", **e)) + "\n")
+  if results:
+    plot(results, os.path.join(workdir, "curves.png"))
+    with open(os.path.join(workdir, "summary.md"), "w", encoding="utf-8") as f:
+      f.write(summarize(results, "grpo" if "grpo" in results else next(iter(results))))
+  return results
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> dict:
+  """Every arm x seed not yet finished, then the outputs. Returns the gathered results."""
+  from seed_jax import pipeline, warmstart
+  os.makedirs(workdir, exist_ok=True)
+  model_path = warmstart.ensure_warm_policy(cfg) if cfg.warmstart.before_rl else cfg.model.path
+  for seed in seeds:
+    for arm in arms:
+      rundir = os.path.join(workdir, f"{arm}-s{seed}")
+      if os.path.exists(os.path.join(rundir, DONE_FILE)):
+        print(f"seed_jax.experiment: {arm} seed {seed} already finished")
+        continue
+      print(f"seed_jax.experiment: {arm} seed {seed} -> {rundir}")
+      out = pipeline.train(run_config(cfg, arm, seed, model_path), rundir)
+      with open(os.path.join(rundir, DONE_FILE), "w") as f:
+        json.dump({k: v for k, v in out["metrics"].items() if isinstance(v, (int, float))}, f, indent=2)
+      write_outputs(workdir, arms, seeds)
+  return write_outputs(workdir, arms, seeds)
+
+
+def main(argv) -> None:
+  del argv
+  from seed_jax.config import validate
+  cfg = _CONFIG.value
+  try:
+    arms, seeds = parse_arms(_ARMS.value), parse_seeds(_SEEDS.value)
+    validate(cfg)
+  except ValueError as e:
+    sys.exit(f"experiment error: {e}")
+  if cfg.compile_cache.enabled:  # every run after the first reads its compiled programs back
+    from seed_jax.infra import compile_cache
+    compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
+  workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}-experiment")
+  print(f"seed_jax.experiment: arms {arms}, seeds {seeds}, workdir {os.path.abspath(workdir)}")
+  results = run(cfg, workdir, arms, seeds)
+  if results:
+    with open(os.path.join(workdir, "summary.md"), encoding="utf-8") as f:
+      print(f.read())
+    print(f"seed_jax.experiment: curves {os.path.join(workdir, 'curves.png')}")
+
+
+if __name__ == "__main__":  # flags only here: main.py defines --config/--workdir too, and tests import both
+  from absl import app, flags as _flags
+  from ml_collections import config_flags
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file[:variant]")
+  _ARMS = _flags.DEFINE_string("arms", "seed,grpo", f"comma-separated arms: {', '.join(sorted(ARMS))}")
+  _SEEDS = _flags.DEFINE_string("seeds", "0,1,2", "comma-separated seeds")
+  _WORKDIR = _flags.DEFINE_string("workdir", "", "experiment folder (default runs/<env>-experiment)")
+  app.run(main)
