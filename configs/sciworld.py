@@ -56,6 +56,28 @@ def paper_default(c):
   c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
 
 
+def text_game_config(variant: str, name: str, env: ml_collections.ConfigDict, *, paper_tasks_per_update: int,
+                     paper_max_steps: int) -> ml_collections.ConfigDict:
+  """A visual game of the paper played from text (Sokoban, EZPoints): the env's RGB rendering off, no history
+  (as in the paper), train/test panels; "paper" sets its B (G = 8) and step limit."""
+  c = base.get_base()
+  c.env = env
+  c.env.name = name
+  c.env.train_split = "train"
+  c.eval.split = "test"
+  c.env.observation, c.env.render_image = "text", False
+  if variant == "":
+    cpu_default(c)
+    c.env.history_length = 0
+  elif variant == "paper":
+    paper_default(c)
+    c.rollout.tasks_per_update, c.rollout.group_size = paper_tasks_per_update, 8
+    c.env.max_steps, c.env.history_length = paper_max_steps, 0
+  else:
+    raise ValueError(f"unknown variant {variant!r} of configs/{name}.py; known: '', 'paper'")
+  return c
+
+
 def env_config() -> ml_collections.ConfigDict:
   """The environment's own defaults (config.env before the variant's overrides; `name` is set by get_config)."""
   c = ml_collections.ConfigDict()

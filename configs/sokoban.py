@@ -5,27 +5,11 @@ rendering is turned off) and no history is shown, as in the paper.
 """
 import ml_collections
 
-from configs import base
-from configs.sciworld import cpu_default, paper_default
+from configs.sciworld import text_game_config
 
 
 def get_config(variant: str = ""):
-  c = base.get_base()
-  c.env = env_config()
-  c.env.name = "sokoban"
-  c.env.train_split = "train"
-  c.eval.split = "test"
-  c.env.observation, c.env.render_image = "text", False
-  if variant == "":
-    cpu_default(c)
-    c.env.history_length = 0
-  elif variant == "paper":
-    paper_default(c)
-    c.rollout.tasks_per_update, c.rollout.group_size = 32, 8
-    c.env.max_steps, c.env.history_length = 15, 0
-  else:
-    raise ValueError(f"unknown variant {variant!r} of configs/sokoban.py; known: '', 'paper'")
-  return c
+  return text_game_config(variant, "sokoban", env_config(), paper_tasks_per_update=32, paper_max_steps=15)
 
 
 def env_config() -> ml_collections.ConfigDict:
