@@ -17,7 +17,6 @@ from seed_jax import pipeline
 from seed_jax.config import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_LOSS = losses.SeedLossConfig.from_config(base.get_base().objectives)
 # Every per-update metric DESIGN.md lists (returns, success, length, invalid rate, parse rate, OPD stats, KL,
 # entropy, clip fraction, grad norm, per-phase timings, tokens/s).
 REQUIRED = ("rollout/return", "rollout/success", "rollout/episode_length", "rollout/invalid_action_rate",
