@@ -1,5 +1,10 @@
-"""Test-wide setup: 8 fake CPU devices so sharding is exercised without accelerators."""
+"""Test-wide setup: the shared helpers importable from every test folder, and 8 fake CPU devices so sharding
+is exercised without accelerators."""
 import os
+import sys
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TESTS)  # helpers.py, envs_helpers.py, ... for tests/ and tests/<package folder>/
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

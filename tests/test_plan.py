@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scale_helpers import numpy_params, random_minibatch
 from configs import base
 from seed_jax import config as config_lib
 from seed_jax import plan, update
@@ -19,7 +20,6 @@ from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from tests.scale_helpers import numpy_params, random_minibatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = ModelSpec("Qwen2ForCausalLM", vocab_size=512, dim=64, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=16,

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
+import helpers
 from configs import search as search_config
 from seed_jax.envs import base, retriever, search, search_data
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "search")
+FIXTURES = os.path.join(helpers.FIXTURES, "search")
 CORPUS = os.path.join(FIXTURES, "corpus.jsonl")
 QUESTIONS = os.path.join(FIXTURES, "questions.jsonl")
 
