@@ -50,8 +50,8 @@ def test_pack_layout_and_loss_mask_token_by_token():
 
 
 @pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer("embedded")
+def tok(embedded_tokenizer):
+  return embedded_tokenizer
 
 
 def test_encode_record_and_bad_records(tok):
