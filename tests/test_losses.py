@@ -190,6 +190,7 @@ def _minibatch(seed=0, B=8, T=5):
               analyzed=jnp.asarray([1, 0, 1, 1, 0, 1, 1, 1], jnp.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", CHOICES["objectives.agg_mode"])
 @pytest.mark.parametrize("variant", ["gated", "positive_gap", "reverse_kl_adv"])
 def test_microbatch_split_invariance(mode, variant):

@@ -22,6 +22,8 @@ from seed_jax.models.spec import ModelSpec
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 
+pytestmark = pytest.mark.slow  # five environments through the pool, sampler and rollout loop
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 G = 2  # envs per task; two tasks per rollout -> 4 envs
 MAX_PROMPT = 1024

@@ -11,6 +11,8 @@ from seed_jax.envs import sciworld as sw
 from seed_jax.envs import textworld_express as twx
 from stage1_helpers import step, trajectory
 
+pytestmark = pytest.mark.slow  # gold paths from the ScienceWorld and TextWorldExpress JVMs
+
 KITCHEN = "You are in the kitchen. To the East you see the pantry."
 PANTRY = "You are in the pantry. You also see a coin."
 UNKNOWN = "Unknown action: I'm not sure what you mean."

@@ -23,6 +23,8 @@ from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 from stage1_helpers import step, tiny_model_folder, trajectory
 from test_analyzers import _Server
 
+pytestmark = pytest.mark.slow  # real simulators, the stage-1 runs and subprocesses
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -99,6 +99,7 @@ def test_client_formats_passages(server):
   client.close()
 
 
+@pytest.mark.slow
 def test_cli_starts_server_with_one_command():
   proc = subprocess.Popen([sys.executable, "-m", "seed_jax.envs.retriever", "--corpus", CORPUS, "--port", "0"],
                           stdout=subprocess.PIPE, text=True)

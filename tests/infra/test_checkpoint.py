@@ -139,6 +139,7 @@ def test_missing_dir_and_step(tmp_path):
       ck.save(3, _state(3), {"bad": object()})
 
 
+@pytest.mark.slow
 def test_crash_during_save_is_never_restored(tmp_path):
   """A process is killed right after an async save starts: the half-written step is ignored and cleaned up."""
   ck = checkpoint.Checkpointer(str(tmp_path), _cfg())

@@ -13,6 +13,8 @@ import pytest
 from helpers import REPO
 from seed_jax.infra.distributed import host_slice
 
+pytestmark = pytest.mark.slow  # several JAX processes
+
 ROOT = str(REPO)
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 TIMEOUT_S = 240

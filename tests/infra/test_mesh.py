@@ -47,6 +47,7 @@ def single_device_step():
   return params, jax.device_get(new.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES)
 def test_sharded_update_equals_single_device(shape, single_device_step):
   params0, want_params, want = single_device_step

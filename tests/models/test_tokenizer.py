@@ -1,7 +1,11 @@
 """The embedded GGUF tokenizer against Hugging Face `transformers`' conversion of the same file."""
 import os
 
+import pytest
+
 from seed_jax.models import weights
+
+pytestmark = pytest.mark.slow  # the `transformers` (PyTorch) reference
 
 
 def test_gguf_tokenizer_matches_transformers_conversion(smollm2):

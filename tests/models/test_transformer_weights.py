@@ -16,6 +16,8 @@ from seed_jax.models import transformer as tf
 from seed_jax.models import weights
 from seed_jax.models.spec import ModelSpec
 
+pytestmark = pytest.mark.slow  # PyTorch references and the embedded SmolLM2
+
 CASES = {
     "llama": dict(arch="llama"),
     "llama_tied_llama3_rope": dict(arch="llama", tie=True, rope_scaling=dict(
