@@ -1,10 +1,11 @@
-# Two entry points for a fresh machine: `make run` (SEED on the embedded default) and `make test`.
+# Entry points for a fresh machine: `make run` (SEED on the embedded default), `make test` (the whole suite)
+# and `make test-fast` (the tests not marked slow).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test venv clean
+.PHONY: run test test-fast venv clean
 venv: $(VENV)/.ready
 
 # requirements-nodeps.txt: ALFWorld's engine without the NLP stack it never uses. The embedded default
@@ -23,6 +24,9 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest -q tests $(ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -q tests -m "not slow" $(ARGS)
 
 clean:
 	rm -rf $(VENV)

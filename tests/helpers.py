@@ -1,7 +1,13 @@
-"""Shared test helpers: tiny Hugging Face reference models saved as local checkpoint folders."""
+"""Shared test helpers: the repo's paths and tiny Hugging Face reference models."""
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
+
+TESTS = pathlib.Path(__file__).resolve().parent
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,

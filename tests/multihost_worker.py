@@ -1,4 +1,4 @@
-"""One process of tests/test_multihost.py: trains the tiny model two steps or restores a checkpoint, on a mesh
+"""One process of tests/infra/test_distributed.py: trains the tiny model two steps or restores a checkpoint, on a mesh
 spanning every process (CPU devices, gloo collectives over loopback), and writes the full state as .npz.
 
 python tests/multihost_worker.py {train,restore} --devices=4 --port=P --num_processes=2 --process_id=0 ...
@@ -48,7 +48,7 @@ ROWS, PROMPT, RESPONSE = 16, 16, 8
 
 def optimizer():
   cfg = base.get_base().learner
-  cfg.lr, cfg.eps = 1e-2, 1e-3  # as in test_scale: steps that move weights by ~1e-3..1e-2
+  cfg.lr, cfg.eps = 1e-2, 1e-3  # as in test_mesh: steps that move weights by ~1e-3..1e-2
   return update.make_optimizer(cfg)
 
 

@@ -50,6 +50,7 @@ def test_every_config_module_is_found():
       set(CONFIG_MODULES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIG_MODULES)
 def test_loading_a_config_imports_no_seed_jax_module(name, tmp_path):
   variants = _accepted_variants(importlib.import_module(name))
@@ -69,6 +70,7 @@ def test_loading_a_config_imports_no_seed_jax_module(name, tmp_path):
   assert json.loads(_fresh_python(code, tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_mesh_presets_are_read_by_path_without_importing_configs(tmp_path):
   code = """
       import json, sys
@@ -114,6 +116,7 @@ def test_choices_name_real_fields_and_hold_their_defaults():
     assert config_lib.get(cfg, path) in allowed, path
 
 
+@pytest.mark.slow
 def test_main_runs_from_any_directory(tiny_model_dir, tmp_path):
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
   res = subprocess.run([sys.executable, "-m", "seed_jax.main", f"--config={ROOT / 'configs' / 'generate.py'}",

@@ -15,6 +15,8 @@ from configs import textworld_express as twx_config
 from seed_jax import pipeline
 from seed_jax.config import validate
 
+pytestmark = pytest.mark.slow  # real simulators, the full pipeline and a seed_jax.main subprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every per-update metric DESIGN.md lists (returns, success, length, invalid rate, parse rate, OPD stats, KL,
 # entropy, clip fraction, grad norm, per-phase timings, tokens/s).

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scale_helpers import numpy_params, random_minibatch
 from configs import base
 from seed_jax import config as config_lib
 from seed_jax import plan, update
@@ -19,7 +20,6 @@ from seed_jax.infra import distributed
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from tests.scale_helpers import numpy_params, random_minibatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = ModelSpec("Qwen2ForCausalLM", vocab_size=512, dim=64, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=16,
@@ -64,6 +64,7 @@ def _workload(remat: bool, micro=16, Pn=128, R=64) -> plan.Workload:
                        vocab_chunk=16, remat=remat, reference_on_device=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [True, False])
 def test_planned_update_temporaries_match_xla(remat):
   mesh = make_mesh((1, 8, 1))
@@ -107,6 +108,7 @@ def test_notes_flag_rows_that_do_not_divide_the_mesh():
   assert out["items"]["update_activations_remat"] == 8 * sharded  # 8 rows on every device instead of 1
 
 
+@pytest.mark.slow
 def test_command_line_from_a_bare_config_json(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(SPEC.to_hf_config()))  # no weights in the folder
   env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -50,6 +50,7 @@ def test_two_contexts_in_one_pass_equal_separate_passes():
   assert np.isclose(both[0][1][0], expect, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_logprobs_equal_full_forward_log_softmax_at_the_response_tokens():
   ctx_b = [[11] + p for p in PROMPTS]
   # 2 contexts x 4 samples on a re-scorer of 4 rows: several passes; chunk 3 does not divide the response bucket.

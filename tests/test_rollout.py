@@ -4,13 +4,12 @@ import pytest
 from configs import textworld_express as twx_config
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import Observation
-from seed_jax.models.tokenizer import load_tokenizer
 from seed_jax.rollout import fit_prompt
 
 
 @pytest.fixture(scope="module")
-def tok():
-  return load_tokenizer("embedded")
+def tok(embedded_tokenizer):
+  return embedded_tokenizer
 
 
 def test_history_is_dropped_oldest_first_until_the_prompt_fits(tok):

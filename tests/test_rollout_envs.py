@@ -17,11 +17,12 @@ from configs import sokoban as sokoban_config, webshop as webshop_config
 from seed_jax.envs import alfworld, ezpoints, get_family, retriever, search, sokoban, sokoban_levels, webshop
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX
 from seed_jax.envs.pool import EnvPool
-from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+
+pytestmark = pytest.mark.slow  # five environments through the pool, sampler and rollout loop
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 G = 2  # envs per task; two tasks per rollout -> 4 envs
@@ -31,8 +32,8 @@ MAX_STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer("embedded")
+def tok(embedded_tokenizer):
+  return embedded_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ def _sampler(**kw):
                                          dtype=kw.pop("dtype", "float32"), **kw), kw.pop("mesh", None))
 
 
+@pytest.mark.slow
 def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
   tokens = np.zeros((3, 12), np.int32)
   valid = np.zeros((3, 12), bool)
@@ -51,6 +52,7 @@ def _greedy_reference(prompt, n):
   return out[len(prompt):]
 
 
+@pytest.mark.slow
 def test_greedy_equals_stepwise_argmax_and_logps_equal_rescore():
   gens = _sampler().generate(PARAMS, PROMPTS, jax.random.key(0), SamplingParams(temperature=0, max_new_tokens=6))
   for p, g in zip(PROMPTS, gens):
@@ -143,6 +145,7 @@ def test_generate_text_and_rollout_fn_are_generate_with_their_arguments_bound():
   assert s.generate_text(PARAMS, texts, jax.random.key(3), sp, tok, [[50, 51]]) != replies  # the key is used
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 4, 1), (1, 2, 4)])
 def test_sharded_sampling_and_rescoring_equal_single_device(shape):
   spec = ModelSpec("Qwen2ForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=16,

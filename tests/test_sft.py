@@ -50,8 +50,8 @@ def test_pack_layout_and_loss_mask_token_by_token():
 
 
 @pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer("embedded")
+def tok(embedded_tokenizer):
+  return embedded_tokenizer
 
 
 def test_encode_record_and_bad_records(tok):
@@ -121,6 +121,7 @@ def one_device_mesh():
   return make_mesh((1, 1, 1), jax.devices()[:1])
 
 
+@pytest.mark.slow
 def test_overfits_16_records_and_greedy_decoding_reproduces_them(small, tmp_path):
   cfg = _sft_cfg(tmp_path, *small)
   s = cfg.sft
@@ -139,6 +140,7 @@ def test_overfits_16_records_and_greedy_decoding_reproduces_them(small, tmp_path
   assert {g.stop_reason for g in gens} == {"eos"}
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_ends_where_an_uninterrupted_run_ends(small, tmp_path):
   cfg = _sft_cfg(tmp_path, *small)
   s = cfg.sft

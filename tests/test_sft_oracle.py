@@ -8,7 +8,10 @@ from configs import textworld_express as twx_config
 from seed_jax import sft_oracle, skills
 from seed_jax.envs import get_family
 from seed_jax.envs import sciworld as sw
+from seed_jax.envs import textworld_express as twx
 from stage1_helpers import step, trajectory
+
+pytestmark = pytest.mark.slow  # gold paths from the ScienceWorld and TextWorldExpress JVMs
 
 KITCHEN = "You are in the kitchen. To the East you see the pantry."
 PANTRY = "You are in the pantry. You also see a coin."
@@ -18,7 +21,7 @@ UNKNOWN = "Unknown action: I'm not sure what you mean."
 @pytest.fixture(scope="module")
 def twx_gold():
   cfg = twx_config.get_config("collect")
-  task = twx_config.textworld_express.task_panel(cfg.env, "train")[459]
+  task = twx.task_panel(cfg.env, "train")[459]
   [gold] = sft_oracle.fetch_gold_paths(get_family("textworld_express"), cfg.env, [task], 1)
   return task, gold
 

@@ -18,11 +18,12 @@ from seed_jax import pipeline, sft, skills, stage1
 from seed_jax.config import validate
 from seed_jax.envs.base import Task
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 from stage1_helpers import step, tiny_model_folder, trajectory
 from test_analyzers import _Server
+
+pytestmark = pytest.mark.slow  # real simulators, the stage-1 runs and subprocesses
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,10 +33,9 @@ def one_device_mesh():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, embedded_tokenizer):
   """A random 1-layer model (dim 32) with the embedded SmolLM2 tokenizer's vocabulary, as an HF folder."""
-  tok = tokenizer_lib.load_tokenizer("embedded")
-  return tiny_model_folder(str(tmp_path_factory.mktemp("tiny") / "model"), tok, dim=32, n_layers=1)
+  return tiny_model_folder(str(tmp_path_factory.mktemp("tiny") / "model"), embedded_tokenizer, dim=32, n_layers=1)
 
 
 def _cfg(stage: str, model: str):

@@ -56,6 +56,7 @@ def _assert_trees_close(a, b, atol):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5), a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("teacher", ["old", "current"])
 def test_micro_batch_accumulation_equals_one_big_batch(teacher):
   spec, params, mb = _tiny_batch()
@@ -90,6 +91,7 @@ def test_teacher_plan_decides_both_sides():
     update_lib.make_update_fn(spec, gated, optax.sgd(1.0), micro_batch_size=2, teacher="new")
 
 
+@pytest.mark.slow
 def test_teachers_differ_only_through_the_skill_log_probs():
   # With skill prompts equal to the ordinary prompts and the π_old teacher row set to π_θ's own log-probs, the
   # two teachers see the same numbers: the same update. Different skill prompts change it.
@@ -105,6 +107,7 @@ def test_teachers_differ_only_through_the_skill_log_probs():
   assert float(jnp.abs(other.params["embed"] - cur.params["embed"]).max()) > 1e-5
 
 
+@pytest.mark.slow
 def test_padding_rows_change_nothing():
   spec, params, mb = _tiny_batch()
   loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
@@ -122,6 +125,7 @@ def test_padding_rows_change_nothing():
     np.testing.assert_allclose(float(sb[k]), float(sa[k]), rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.slow
 def test_zero_opd_weight_equals_plain_grpo_update():
   spec, params, mb = _tiny_batch()
   opt = update_lib.make_optimizer(base.get_base().learner)
@@ -134,6 +138,7 @@ def test_zero_opd_weight_equals_plain_grpo_update():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7), *results)
 
 
+@pytest.mark.slow
 def test_teacher_equal_to_student_gives_gated_nll_with_gate_half():
   spec, params, mb = _tiny_batch()
   mb = mb.replace(adv_B=jnp.zeros_like(mb.adv_B), opd_mask_B=jnp.ones_like(mb.opd_mask_B),
@@ -153,6 +158,7 @@ def test_teacher_equal_to_student_gives_gated_nll_with_gate_half():
                grad, expect)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_skips_the_update_and_counts_it():
   spec, params, mb = _tiny_batch()
   opt = update_lib.make_optimizer(base.get_base().learner)

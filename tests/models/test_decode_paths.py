@@ -23,6 +23,7 @@ def _ragged(rng, lengths, T):
   return tokens, valid
 
 
+@pytest.mark.slow
 def test_prefill_then_decode_with_split_weights_equals_full_forward():
   tokens, valid = _ragged(np.random.default_rng(0), [10, 6, 1], 10)
   full = np.asarray(tf.full_logits(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))

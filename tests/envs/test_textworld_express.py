@@ -10,6 +10,8 @@ from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import EnvError, Task
 from seed_jax.envs.pool import EnvPool, play_gold
 
+pytestmark = pytest.mark.slow  # TextWorldExpress's JVM
+
 
 @pytest.fixture(scope="module")
 def cfg():

@@ -1,15 +1,13 @@
 """Every environment config in configs/: both variants load, validate, name a registered env whose splits
 exist, and the "paper" variants carry SEED's settings (docs/algorithm.md §3, §5)."""
 import importlib
-import pathlib
 
 import pytest
 
+from helpers import FIXTURES, REPO
 from seed_jax import config as config_lib
 from seed_jax.envs import _MODULES, get_family
 
-REPO = pathlib.Path(__file__).parent.parent
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate", "stage1"))
 # env -> (tasks per update B, group size G, max_steps, history_length) of the paper variant
 PAPER = {

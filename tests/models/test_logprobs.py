@@ -4,6 +4,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from seed_jax.models import logprobs as lp
 from seed_jax.models import transformer as tf
@@ -55,6 +56,7 @@ def _reference(prompt, pvalid, resp, rmask, temperature):
   return logp, ent
 
 
+@pytest.mark.slow
 def test_response_logprobs_equal_each_row_alone():
   batch = _ragged()
   want_logp, want_ent = _reference(*batch, 1.3)
@@ -68,6 +70,7 @@ def test_response_logprobs_equal_each_row_alone():
   assert np.all(np.asarray(no_ent) == 0.)
 
 
+@pytest.mark.slow
 def test_token_logprobs_remat_gives_the_same_values_and_gradients():
   prompt, pvalid, resp, rmask = map(jnp.asarray, _ragged(seed=1))
 

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
+import helpers
 from configs import search as search_config
 from seed_jax.envs import base, retriever, search, search_data
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "search")
+FIXTURES = os.path.join(helpers.FIXTURES, "search")
 CORPUS = os.path.join(FIXTURES, "corpus.jsonl")
 QUESTIONS = os.path.join(FIXTURES, "questions.jsonl")
 
@@ -98,6 +99,7 @@ def test_client_formats_passages(server):
   client.close()
 
 
+@pytest.mark.slow
 def test_cli_starts_server_with_one_command():
   proc = subprocess.Popen([sys.executable, "-m", "seed_jax.envs.retriever", "--corpus", CORPUS, "--port", "0"],
                           stdout=subprocess.PIPE, text=True)

@@ -37,6 +37,7 @@ def _jvms(pgids):
   return [p for p in live_processes_in_groups(pgids) if "java" in p[1]]
 
 
+@pytest.mark.slow
 def test_killed_worker_returns_error_then_serves_again(cfg, tasks):
   pool = EnvPool(twx.FAMILY, cfg, num_envs=2)
   first_groups = set(pool.worker_pids())
@@ -68,6 +69,7 @@ def test_killed_worker_returns_error_then_serves_again(cfg, tasks):
     pool.step({0: "look around"})
 
 
+@pytest.mark.slow
 def test_hung_worker_times_out_and_is_replaced(cfg, tasks):
   with EnvPool(twx.FAMILY, cfg, num_envs=1, timeout_s=1.5) as pool:
     pool.reset(tasks[:1])
@@ -86,6 +88,7 @@ def test_hung_worker_times_out_and_is_replaced(cfg, tasks):
   assert wait_until_gone(groups) == []
 
 
+@pytest.mark.slow
 def test_exception_inside_with_block_closes_everything(cfg, tasks):
   with pytest.raises(KeyboardInterrupt):
     with EnvPool(twx.FAMILY, cfg, num_envs=2) as pool:
@@ -96,6 +99,7 @@ def test_exception_inside_with_block_closes_everything(cfg, tasks):
   assert wait_until_gone(groups) == []
 
 
+@pytest.mark.slow
 def test_env_that_cannot_start_fails_the_pool_loudly(cfg):
   broken = cfg.copy_and_resolve_references()
   del broken["success_reward"]
@@ -103,6 +107,7 @@ def test_env_that_cannot_start_fails_the_pool_loudly(cfg):
     EnvPool(twx.FAMILY, broken, num_envs=1)
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_rejected(cfg, tasks):
   with pytest.raises(ValueError, match="num_envs"):
     EnvPool(twx.FAMILY, cfg, num_envs=0)

@@ -6,15 +6,15 @@ names a product outside the catalog).
 """
 import dataclasses
 import math
-import pathlib
 
 import numpy as np
 import pytest
 
+import helpers
 from configs import webshop as webshop_config
 from seed_jax.envs import base, webshop, webshop_porter, webshop_reward, webshop_search
 
-FIXTURES = str(pathlib.Path(__file__).parent / "fixtures" / "webshop")
+FIXTURES = str(helpers.FIXTURES / "webshop")
 HAIR_GOAL = ("i need a long clip in hair extension which is natural looking, dark brown and 22 inch, "
              "and price lower than 50.00 dollars")
 

@@ -10,9 +10,12 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import REPO
 from seed_jax.infra.distributed import host_slice
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # several JAX processes
+
+ROOT = str(REPO)
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 TIMEOUT_S = 240
 

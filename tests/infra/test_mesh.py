@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scale_helpers import numpy_params, random_minibatch
 from configs import base
 from seed_jax import config as config_lib
 from seed_jax import update
@@ -14,7 +15,6 @@ from seed_jax.infra.mesh import RULES, logical_to_spec, make_mesh, mesh_from_con
 from seed_jax.losses import SeedLossConfig
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
-from tests.scale_helpers import numpy_params, random_minibatch
 
 # 8 heads and 4 KV heads divide a tensor axis of 4; dim 64 and vocab 256 divide an fsdp axis of 8.
 SPEC = ModelSpec("Qwen3ForCausalLM", vocab_size=256, dim=64, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=16,
@@ -47,6 +47,7 @@ def single_device_step():
   return params, jax.device_get(new.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES)
 def test_sharded_update_equals_single_device(shape, single_device_step):
   params0, want_params, want = single_device_step
@@ -156,7 +157,7 @@ def test_multi_slice_shapes():
     mesh_lib.resolve_shape((1, -1, 1), 8, (3, 1, 1))
   with pytest.raises(ValueError, match=r"holds 16 devices but 8 are present"):
     mesh_lib.resolve_shape((1, 4, 2), 8, (2, 1, 1))
-  # One process has no second slice to put on the DCN axis (see test_multihost for two processes).
+  # One process has no second slice to put on the DCN axis (see test_distributed for two processes).
   with pytest.raises(ValueError, match=r"asks for 2 slices but the devices form 1 \(processes\)"):
     make_mesh((1, -1, 1), dcn_shape=(2, 1, 1))
 

@@ -8,6 +8,8 @@ from seed_jax.envs import sciworld as sw
 from seed_jax.envs.base import Task
 from seed_jax.envs.pool import EnvPool, play_gold
 
+pytestmark = pytest.mark.slow  # ScienceWorld's JVM
+
 
 @pytest.fixture(scope="module")
 def cfg():

@@ -10,6 +10,8 @@ from alfworld_data import build_data
 from configs import alfworld as alfworld_config
 from seed_jax.envs import alfworld, base
 
+pytestmark = pytest.mark.slow  # the ALFWorld engine
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> str:

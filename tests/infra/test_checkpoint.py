@@ -12,6 +12,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from helpers import REPO
 from configs import base
 from seed_jax.infra import checkpoint
 
@@ -138,6 +139,7 @@ def test_missing_dir_and_step(tmp_path):
       ck.save(3, _state(3), {"bad": object()})
 
 
+@pytest.mark.slow
 def test_crash_during_save_is_never_restored(tmp_path):
   """A process is killed right after an async save starts: the half-written step is ignored and cleaned up."""
   ck = checkpoint.Checkpointer(str(tmp_path), _cfg())
@@ -153,8 +155,7 @@ def test_crash_during_save_is_never_restored(tmp_path):
       os._exit(0)  # dies while the background write is in progress
   """)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120,
-                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120, cwd=str(REPO))
   leftovers = [d for d in os.listdir(tmp_path) if d.startswith("2")]
   assert leftovers and all("tmp" in d for d in leftovers), leftovers
   ck = checkpoint.Checkpointer(str(tmp_path), _cfg())
