@@ -10,7 +10,7 @@ import pytest
 
 from seed_jax import experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO as ROOT
 pytestmark = pytest.mark.slow
 
 
@@ -27,7 +27,7 @@ def _command(model_dir, workdir, cache):
 
 def test_arms_and_seeds_resume_and_outputs(tiny_model_dir, tmp_path):
   workdir = tmp_path / "exp"
-  env = dict(os.environ, PYTHONPATH=ROOT)
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
   cmd = _command(tiny_model_dir, workdir, tmp_path / "cache")
   # Kill the experiment once its first run has finished; the rerun must not repeat that run.
   proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -59,7 +59,7 @@ def test_unknown_arm_is_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match="unknown experiment arm.*known: grpo, seed"):
     experiment.parse_arms("seed,ppo")
   out = subprocess.run([sys.executable, "-m", "seed_jax.experiment", f"--config={ROOT}/configs/textworld_express.py",
-                        "--arms=nope", f"--workdir={tmp_path}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                        "--arms=nope", f"--workdir={tmp_path}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                        capture_output=True, text=True, timeout=300)
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1].startswith("experiment error: unknown experiment arm")

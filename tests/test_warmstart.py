@@ -40,10 +40,10 @@ def _cfg(model_path, tmp):
 
 
 @pytest.fixture(scope="module")
-def able_model_dir(tmp_path_factory):
+def able_model_dir(tmp_path_factory, embedded_tokenizer):
   """A small random Llama (2 layers, width 64) with the embedded tokenizer: big enough to memorize a
   handful of demos in a few dozen steps."""
-  tok = tokenizer_lib.load_tokenizer("embedded")
+  tok = embedded_tokenizer
   spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                    head_dim=16, ffn_dim=128, tie_embeddings=True, bos_token_id=1, eos_token_id=2)
   path = str(tmp_path_factory.mktemp("able_model"))
@@ -61,13 +61,13 @@ def warm(able_model_dir, tmp_path_factory):
   return c, warmstart.ensure_warm_policy(c, make_mesh((1, 1, 1), jax.devices()[:1]))
 
 
-def test_demo_prompts_are_the_rollout_prompts():
+def test_demo_prompts_are_the_rollout_prompts(embedded_tokenizer):
   """Each demo step's prompt (text and ids) equals what the rollout renders when it plays the same gold
   actions, and the demo reaches the same outcome."""
   c = twx_config.get_config("")
   c.env.max_steps = 6
   family = get_family(c.env.name)
-  tok = tokenizer_lib.load_tokenizer("embedded")
+  tok = embedded_tokenizer
   tasks = family.tasks(c.env, "train")[:3]
   with EnvPool(family, c.env, 2) as pool:
     demos, golds = warmstart.play_demos(pool, family, c.env, tok, tasks, max_prompt_tokens=1024, max_steps=6)

@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import pytest
+from helpers import REPO as ROOT
 _PROGRAM = """
 import sys
 from seed_jax.infra import compile_cache
@@ -17,7 +18,7 @@ print(float(x), compile_cache.hits())
 
 def _run(folder):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _PROGRAM, str(folder)], env=env, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
@@ -25,6 +26,7 @@ def _run(folder):
   return float(value), int(hits)
 
 
+@pytest.mark.slow  # two fresh interpreters
 def test_second_process_reads_the_cache(tmp_path):
   folder = tmp_path / "jax_cache"
   value, hits = _run(folder)
