@@ -61,31 +61,29 @@ def run_config(cfg: ml_collections.ConfigDict, arm: str, seed: int, model_path: 
   return c
 
 
-def eval_curve(metrics_path: str) -> list[dict[str, Any]]:
-  """The run's evaluation records in update order: {updates, success, return}."""
-  out = []
+def _records(metrics_path: str):
   with open(metrics_path, encoding="utf-8") as f:
     for line in f:
-      r = json.loads(line)
-      if "eval/updates_done" in r:
-        split = next(k.split("/")[1] for k in r if k.startswith("eval/") and k.endswith("/success"))
-        out.append(dict(updates=int(r["eval/updates_done"]), success=r[f"eval/{split}/success"],
-                        ret=r[f"eval/{split}/return"]))
-  out.sort(key=lambda e: e["updates"])
-  return out
+      yield json.loads(line)
+
+
+def eval_curve(metrics_path: str) -> list[dict[str, Any]]:
+  """The run's evaluation records in update order: {updates, success, return} (first eval split)."""
+  out = []
+  for r in _records(metrics_path):
+    if "eval/updates_done" in r:
+      split = next(k.split("/")[1] for k in r if k.startswith("eval/") and k.endswith("/success"))
+      out.append(dict(updates=int(r["eval/updates_done"]), success=r[f"eval/{split}/success"],
+                      ret=r[f"eval/{split}/return"]))
+  return sorted(out, key=lambda e: e["updates"])
 
 
 def train_curve(metrics_path: str) -> list[dict[str, Any]]:
-  """Per update: skill-parse rate, mean OPD gate and gap (absent keys are NaN)."""
-  out = []
-  with open(metrics_path, encoding="utf-8") as f:
-    for line in f:
-      r = json.loads(line)
-      if "rollout/return" in r:
-        g = lambda k: float(r.get(k, math.nan))
-        out.append(dict(updates=int(r["step"]) + 1, parse=g("analysis/parse_rate"), gate=g("update/opd_gate_mean"),
-                        gap=g("update/opd_gap_mean"), success=g("rollout/success")))
-  return out
+  """Per update: skill-parse rate, mean OPD gate and gap (absent keys are NaN), rollout success."""
+  get = lambda r, k: float(r.get(k, math.nan))
+  return [dict(updates=int(r["step"]) + 1, parse=get(r, "analysis/parse_rate"), gate=get(r, "update/opd_gate_mean"),
+               gap=get(r, "update/opd_gap_mean"), success=get(r, "rollout/success"))
+          for r in _records(metrics_path) if "rollout/return" in r]
 
 
 def _mean_se(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:

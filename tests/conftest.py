@@ -35,12 +35,5 @@ def smollm2(embedded_tokenizer):
 def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
   """A tiny random Llama with the embedded tokenizer's 49152-token vocabulary, as an HF checkpoint folder
   (weights + tokenizer files): fast enough for end-to-end pipeline tests."""
-  from seed_jax.models import transformer, weights
-  from seed_jax.models.spec import ModelSpec
-  tok = embedded_tokenizer
-  spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                   head_dim=16, ffn_dim=64, tie_embeddings=True, bos_token_id=1, eos_token_id=2)
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  weights.export_hf(transformer.init_params(spec, 0), spec, path)
-  tok.hf.save_pretrained(path)
-  return path
+  from helpers import save_tiny_llama
+  return save_tiny_llama(str(tmp_path_factory.mktemp("tiny_model")), embedded_tokenizer)

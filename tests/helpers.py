@@ -52,3 +52,16 @@ def left_padded(rng: np.random.Generator, lengths: list[int], vocab: int, T: int
     tokens[b, T - n:] = rng.integers(3, vocab, n)
     valid[b, T - n:] = 1
   return tokens, valid
+
+
+def save_tiny_llama(path: str, tok, dim: int = 32, n_layers: int = 1, n_heads: int = 2, n_kv_heads: int = 1,
+                    ffn_dim: int = 64, seed: int = 0) -> str:
+  """A random Llama with `tok`'s vocabulary (tied embeddings, head_dim 16) saved with `tok` as an HF folder."""
+  from seed_jax.models import transformer, weights
+  from seed_jax.models.spec import ModelSpec
+  spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+                   n_kv_heads=n_kv_heads, head_dim=16, ffn_dim=ffn_dim, tie_embeddings=True, bos_token_id=1,
+                   eos_token_id=2)
+  weights.export_hf(transformer.init_params(spec, seed), spec, path)
+  tok.hf.save_pretrained(path)
+  return path

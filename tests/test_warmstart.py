@@ -8,6 +8,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from helpers import save_tiny_llama
 
 from configs import textworld_express as twx_config
 from seed_jax import pipeline, warmstart
@@ -16,8 +17,7 @@ from seed_jax.envs import get_family
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.models import tokenizer as tokenizer_lib
-from seed_jax.models import transformer, weights
-from seed_jax.models.spec import ModelSpec
+from seed_jax.models import weights
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Generation, Sampler, SamplerConfig, SamplingParams
 
@@ -43,13 +43,8 @@ def _cfg(model_path, tmp):
 def able_model_dir(tmp_path_factory, embedded_tokenizer):
   """A small random Llama (2 layers, width 64) with the embedded tokenizer: big enough to memorize a
   handful of demos in a few dozen steps."""
-  tok = embedded_tokenizer
-  spec = ModelSpec("LlamaForCausalLM", vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                   head_dim=16, ffn_dim=128, tie_embeddings=True, bos_token_id=1, eos_token_id=2)
-  path = str(tmp_path_factory.mktemp("able_model"))
-  weights.export_hf(transformer.init_params(spec, 0), spec, path)
-  tok.hf.save_pretrained(path)
-  return path
+  return save_tiny_llama(str(tmp_path_factory.mktemp("able_model")), embedded_tokenizer, dim=64, n_layers=2,
+                         n_heads=4, n_kv_heads=2, ffn_dim=128)
 
 
 @pytest.fixture(scope="module")
