@@ -40,6 +40,7 @@ from seed_jax.models.logprobs import token_logprobs
 from seed_jax.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
+CHECKPOINT_DIR = "sft_checkpoints"  # under the workdir
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
            len(data.val), data.dropped, total)
   fingerprint = ckpt_lib.config_fingerprint(cfg, ["model.path", "seed", "sft.data", "sft.batch_size", "sft.epochs",
                                                   "sft.max_len", "sft.val_frac"])
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "sft_checkpoints"), sc.checkpoint, fingerprint)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), sc.checkpoint, fingerprint)
   writer = MetricsWriter(os.path.join(workdir, "sft"), jax.process_index() == 0, cfg.log)
   compiles = CompileCounter()
   timed = [0.0, 0.0]  # tokens and seconds of steps that did not compile

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from typing import Any, Sequence
 
 import ml_collections
@@ -261,6 +262,8 @@ def ensure_warm_policy(cfg: ml_collections.ConfigDict, mesh=None) -> str:
   out = run(cfg, folder, mesh)
   with open(done, "w") as f:  # written last: a folder without it is an unfinished warm start, resumed next time
     json.dump(out["metrics"], f, indent=2, default=float)
+  from seed_jax import sft
+  shutil.rmtree(os.path.join(folder, sft.CHECKPOINT_DIR), ignore_errors=True)  # the export is what the cache keeps
   return out["export_dir"]
 
 

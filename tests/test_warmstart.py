@@ -103,6 +103,7 @@ def test_warm_start_overfits_demos_and_is_cached(warm, able_model_dir, tmp_path)
   want = [family.parse_action(r["response"], c.env).action for r in policy]
   hits = np.mean([p.valid and p.action == w for p, w in zip(got, want)])
   assert hits >= 0.9, (hits, [tok.decode(g.tokens) for g in gens][:4])
+  assert not os.path.exists(os.path.join(folder, "sft_checkpoints"))  # the cache keeps the export only
   # A second call reuses the finished export: nothing is retrained.
   stamp = os.path.getmtime(os.path.join(export, "model.safetensors"))
   assert warmstart.ensure_warm_policy(c) == export
