@@ -309,8 +309,9 @@ def summary_line(u: int, total: int, m: dict[str, Any]) -> str:
   times = " ".join(f"{k[5:-2]} {get(k):.0f}s" for k in ("time/rollout_s", "time/analysis_s", "time/rescore_s",
                                                           "time/update_s") if k in m)
   return (f"update {u + 1}/{total}: return {get('rollout/return'):.3f} success {get('rollout/success'):.3f} "
-          f"invalid {get('rollout/invalid_action_rate'):.2f} skill-parse {get('analysis/parse_rate'):.2f} "
-          f"opd-tokens {get('update/opd_tokens'):.0f} loss {get('update/loss'):.4f} | {times}")
+          f"invalid {get('rollout/invalid_action_rate'):.2f} |A| {get('advantages/abs_mean'):.3f} "
+          f"skill-parse {get('analysis/parse_rate'):.2f} opd-tokens {get('update/opd_tokens'):.0f} "
+          f"loss {get('update/loss'):.4f} | {times}")
 
 
 def _evaluate_record(rt: Runtime, writer: MetricsWriter, params, done: int) -> dict[str, Any]:

@@ -24,7 +24,7 @@ REQUIRED = ("rollout/return", "rollout/success", "rollout/episode_length", "roll
             "analysis/parse_rate", "update/opd_loss", "update/opd_gate_mean", "update/opd_gate_high_frac",
             "update/opd_gap_mean", "update/opd_active_tokens", "update/kl", "update/entropy", "update/pg_clipfrac",
             "update/grad_norm", "time/rollout_s", "time/analysis_s", "time/rescore_s", "time/update_s",
-            "rollout/tokens_per_s")
+            "rollout/tokens_per_s", "advantages/abs_mean", "advantages/nonzero_frac")
 
 
 class _Analyst(BaseHTTPRequestHandler):
@@ -108,6 +108,7 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
   line = pipeline.summary_line(1, 2, rows[1])
   assert line.startswith(f"update 2/2: return {rows[1]['rollout/return']:.3f} success {rows[1]['rollout/success']:.3f} ")
   assert f"skill-parse {rows[1]['analysis/parse_rate']:.2f} opd-tokens {rows[1]['update/opd_tokens']:.0f} " in line
+  assert f"|A| {rows[1]['advantages/abs_mean']:.3f} " in line
   assert f"| rollout {rows[1]['time/rollout_s']:.0f}s analysis " in line and "nan" not in line
 
 
