@@ -205,6 +205,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, arms: Sequence[str], seeds
 
 def main(argv) -> None:
   del argv
+  import logging
+  from absl import flags
+  if not flags.FLAGS["verbosity"].present:  # Orbax and JAX log every checkpoint step at INFO, as in main.py
+    for name in ("absl", "jax"):
+      logging.getLogger(name).setLevel(logging.WARNING)
   from seed_jax.config import validate
   cfg = _CONFIG.value
   try:
