@@ -148,13 +148,14 @@ def run_update(a) -> dict[str, Any]:
   wall = lambda ps: sum(phases[p]["wall_s"] for p in ps)
   outside = ("analysis", "rescore", "update")
   fwd = sum(phases[p]["forwarded_tokens"] for p in ("rescore", "update"))
+  passes = cfg.learner.ppo_epochs * (2 if rt.teacher.update_reads_skill_prompts else 1)  # update rows per sample
   compiles = {k: int(m.get(f"compiles/{k}", 0)) for k in ("sampler", "rescore", "update")}
   compiles["in_measured_update"] = sum(compiles[k] - int(warm_m.get(f"compiles/{k}", 0)) for k in compiles)
   return dict(
       bench="update", cpu=cpu_model(), load_avg=dict(start=load_start, measured=load_measured, end=common.load_avg()),
-      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model="SmolLM2-135M", size=a.size, warm=a.warm, set=list(a.set),
-      tasks_per_update=cfg.rollout.tasks_per_update, group_size=cfg.rollout.group_size,
-      step_samples=int(m.get("tokens/update_rows_real", 0)) // (2 if rt.teacher.update_reads_skill_prompts else 1),
+      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model="SmolLM2-135M",
+      size=a.size, warm=a.warm, set=list(a.set), tasks_per_update=cfg.rollout.tasks_per_update,
+      group_size=cfg.rollout.group_size, step_samples=int(m.get("tokens/update_rows_real", 0)) // passes,
       phases=phases,
       analysis_rescore_over_rollout=round(wall(("analysis", "rescore")) / wall(("rollout",)), 4),
       efficiency_outside_rollout=round(sum(phases[p]["ideal_s"] for p in outside) / wall(outside), 4),
