@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from seed_jax.buckets import bucket, pow2_sizes
+from seed_jax.buckets import TokenCount, bucket, pow2_sizes
 from seed_jax.envs.base import Trajectory
 from seed_jax.models.tokenizer import Tokenizer
 from seed_jax.skills import augment_prompt
@@ -90,3 +90,14 @@ def minibatch(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, 
     extra["skill_prompt_BP"], extra["skill_pvalid_BP"] = pad_left(pick(samples.skill_prompts), rows, Pn, pad_id)
   return MiniBatch(prompt_BP=prompt, pvalid_BP=pvalid, resp_BR=resp, rmask_BR=rmask, old_logp_BR=col(old_logp),
                    adv_B=adv, ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp), opd_mask_B=opd, **extra)
+
+
+def minibatch_tokens(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, *,
+                     with_skill_prompts: bool) -> TokenCount:
+  """The token positions one `minibatch(samples, idx, rows, Pn, R, ...)` costs a training forward: rows x
+  (Pn + R) per context (the skill context too when the update scores it) against the real rows' lengths."""
+  contexts = [samples.prompts] + ([samples.skill_prompts] if with_skill_prompts else [])
+  C = len(contexts)
+  return TokenCount(prompt_forwarded=C * rows * Pn, prompt_real=sum(len(ctx[i]) for ctx in contexts for i in idx),
+                    response_forwarded=C * rows * R, response_real=C * sum(len(samples.responses[i]) for i in idx),
+                    rows_forwarded=C * rows, rows_real=C * len(idx))

@@ -1,6 +1,8 @@
-"""Shape buckets: batch and length are rounded up to a few sizes so a long run compiles few programs."""
+"""Shape buckets: batch and length are rounded up to a few sizes so a long run compiles few programs; counters
+of the programs compiled and of the padded token slots the buckets cost."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 
@@ -35,3 +37,42 @@ class CompileCounter:
   @property
   def count(self) -> int:
     return len(self.keys)
+
+
+@dataclasses.dataclass
+class TokenCount:
+  """Token positions a bucketed device function computed (`*_forwarded`: every slot of its padded arrays)
+  against those of the real rows (`*_real`), split into prompt positions (a sampler's prefill) and response
+  positions (its decode steps; the scored responses of a re-score or update), with the rows of each. Sums over
+  calls; `b - a` is what happened between two copies."""
+  prompt_forwarded: int = 0
+  prompt_real: int = 0
+  response_forwarded: int = 0
+  response_real: int = 0
+  rows_forwarded: int = 0
+  rows_real: int = 0
+
+  @property
+  def forwarded(self) -> int:
+    return self.prompt_forwarded + self.response_forwarded
+
+  @property
+  def real(self) -> int:
+    return self.prompt_real + self.response_real
+
+  def add(self, other: "TokenCount") -> None:
+    for f in dataclasses.fields(self):
+      setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+  def copy(self) -> "TokenCount":
+    return dataclasses.replace(self)
+
+  def __sub__(self, other: "TokenCount") -> "TokenCount":
+    return TokenCount(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+
+  def metrics(self, prefix: str) -> dict[str, float]:
+    """`{prefix}_forwarded` / `_real` (all positions) and the response and row parts a FLOP count needs."""
+    return {f"{prefix}_forwarded": float(self.forwarded), f"{prefix}_real": float(self.real),
+            f"{prefix}_response_forwarded": float(self.response_forwarded),
+            f"{prefix}_response_real": float(self.response_real),
+            f"{prefix}_rows_forwarded": float(self.rows_forwarded), f"{prefix}_rows_real": float(self.rows_real)}

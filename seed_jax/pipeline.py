@@ -16,6 +16,7 @@ import numpy as np
 from seed_jax import batch as batch_lib
 from seed_jax import advantages, analyzers, losses, skills
 from seed_jax import update as update_lib
+from seed_jax.buckets import CompileCounter, TokenCount
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -51,6 +52,7 @@ class Runtime:
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
   stop_sequences: list[list[int]]
+  update_compiles: CompileCounter = dataclasses.field(default_factory=CompileCounter)
 
   def close(self):
     self.pool.close()
@@ -141,8 +143,11 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   cfg = rt.cfg
   key = jax.random.fold_in(jax.random.key(cfg.seed), u)
   timer = writer.phase_timer()
+  tokens: dict[str, TokenCount] = {}  # per phase; rollout and analysis share the sampler's counter
+  before = rt.sampler.tokens.copy()
   with timer.phase("rollout"):
     trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0))
+  tokens["rollout"] = rt.sampler.tokens - before
   good = [t for t in trajs if t.termination != "env_error"]
   metrics = rollout_metrics(trajs, "rollout")
   if not any(t.steps for t in good):
@@ -150,23 +155,27 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     return state, metrics
   analysis = None
   if analysis_active(cfg, u):
+    before = rt.sampler.tokens.copy()
     with timer.phase("analysis"):
       analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
+    tokens["analysis"] = rt.sampler.tokens - before
     metrics["analysis/parse_rate"] = analysis.parse_rate
     writer.dump_jsonl("skills", u, _skill_records(good, analysis))
   samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
                                       cfg.model.max_prompt_tokens)
+  before = rt.rescorer.tokens.copy()
   with timer.phase("rescore"):
     old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
+  tokens["rescore"] = rt.rescorer.tokens - before
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
   metrics.update(advantage_metrics(adv_N))
   metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
   with timer.phase("update"):
-    state, upd = _ppo_epochs(rt, state, samples, adv_N, old_logp, ref_logp, skill_logp, key)
+    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, adv_N, old_logp, ref_logp, skill_logp, key)
   metrics.update(upd)
-  metrics.update(_report(rt, trajs, samples, timer.pop()))
+  metrics.update(_report(rt, trajs, samples, timer.pop(), tokens))
   writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in trajs[:cfg.train.dump_trajectories]])
   return state, metrics
 
@@ -230,20 +239,27 @@ def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> li
                summary=p.summary, error=p.error, reply=r) for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
 
 
-def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples,
-            times: dict[str, float]) -> dict[str, float]:
-  """The update's remaining metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts."""
+def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples, times: dict[str, float],
+            tokens: dict[str, TokenCount]) -> dict[str, float]:
+  """The update's remaining metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts,
+  and per phase the token positions computed against the real ones (tokens/<phase>_forwarded, _real; 0 for a
+  phase that did not run)."""
   m = {"opd/analyzed_row_frac": float(samples.opd_mask_N.mean()) if len(samples) else 0.0}
   m.update(times)
   gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
   m["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
   m["compiles/sampler"], m["compiles/rescore"] = rt.sampler.compiles.count, rt.rescorer.compiles.count
+  m["compiles/update"] = rt.update_compiles.count
+  for phase in ("rollout", "analysis", "rescore", "update"):
+    m.update(tokens.get(phase, TokenCount()).metrics(f"tokens/{phase}"))
   m["env/restarts"] = rt.pool.restarts
   return m
 
 
 def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
-  """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps."""
+  """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps. Also
+  returns the token positions the steps computed: rows x (Pn + R) per step (both contexts with teacher
+  "current") against the real rows' prompt and response lengths."""
   cfg = rt.cfg
   N, micro = len(samples), cfg.learner.micro_batch_size
   skill_prompts = rt.teacher.update_reads_skill_prompts
@@ -253,12 +269,17 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
   sums_all: dict[str, float] = {}
   rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 2))).ravel().tolist())
   n_steps = 0
+  tokens = TokenCount()
   for _ in range(cfg.learner.ppo_epochs):
     order = rng.permutation(N)
     for start in range(0, N, per):
-      mb = batch_lib.minibatch(samples, order[start:start + per], rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
+      idx = order[start:start + per]
+      mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
                                old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
                                with_skill_prompts=skill_prompts)
+      tokens.add(batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts))
+      if rt.update_compiles.see(("update", rows, Pn, R, skill_prompts, ref_logp is None, skill_logp is None)):
+        log.info("compiling update: %d rows, prompt %d, response %d", rows, Pn, R)
       with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays
         state, sums = rt.update_fn(state, distributed.global_batch(mb, rt.mesh), jnp.float32(cfg.rollout.temperature))
       for k, v in losses.finalize_metrics(jax.device_get(sums)).items():
@@ -267,7 +288,7 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
   out = {f"update/{k}": v / max(n_steps, 1) for k, v in sums_all.items()}
   out["update/optimizer_steps"] = n_steps
   out["update/skipped_total"] = int(state.skipped)
-  return state, out
+  return state, out, tokens
 
 
 def _traj_record(t: Trajectory) -> dict:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.models.logprobs import response_logprobs
 from seed_jax.models.spec import ModelSpec
 
@@ -48,7 +48,10 @@ class RescorerConfig:
 
 
 class Rescorer:
-  """Host wrapper: pads ragged prompts/responses into bucketed arrays and runs `rescore` in row batches."""
+  """Host wrapper: pads ragged prompts/responses into bucketed arrays and runs `rescore` in row batches.
+
+  `tokens` sums what the passes cost: contexts x rows bucket x (prompt bucket + response bucket) positions
+  against the real prompt and response lengths of every context's rows."""
 
   def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None):
     self.spec, self.pad_id, self.cfg, self.mesh = spec, pad_id, cfg, mesh
@@ -57,6 +60,7 @@ class Rescorer:
     self.prompt_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
     self.resp_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_response_len), cfg.max_response_len)
     self.compiles = CompileCounter()
+    self.tokens = TokenCount()
 
   def score(self, params, contexts: Sequence[Sequence[Sequence[int]]], responses: Sequence[Sequence[int]],
             temperature: float, with_entropy: bool = False) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
@@ -94,6 +98,9 @@ class Rescorer:
         prompt[c, b, Pn - len(p):], pvalid[c, b, Pn - len(p):] = p, True
     for b, r in enumerate(responses):
       resp[b, :len(r)], rmask[b, :len(r)] = r, True
+    self.tokens.add(TokenCount(prompt_forwarded=C * B * Pn, prompt_real=sum(len(p) for ctx in contexts for p in ctx),
+                               response_forwarded=C * B * R, response_real=C * sum(map(len, responses)),
+                               rows_forwarded=C * B, rows_real=C * N))
     chunk = min(self.cfg.vocab_chunk, R)
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=chunk, with_entropy=with_entropy)
     if self.compiles.see(("rescore", C, B, Pn, R, with_entropy)):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
+from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.config import check_choice
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
@@ -137,7 +137,11 @@ class SamplerConfig:
 
 
 class Sampler:
-  """Host wrapper: validates, buckets, batches and unpads. One instance per model spec and mesh."""
+  """Host wrapper: validates, buckets, batches and unpads. One instance per model spec and mesh.
+
+  `tokens` sums what the calls cost: prompt positions are the prefill (rows bucket x prompt bucket against the
+  real prompt lengths), response positions the decode steps (rows bucket x steps the loop ran against the
+  tokens generated)."""
 
   def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None):
     check_choice("sampler.dtype", cfg.dtype)
@@ -147,6 +151,7 @@ class Sampler:
     self.batch_sizes = pow2_sizes(max(cfg.min_batch, data), max(cfg.max_batch, data))
     self.prompt_sizes = pow2_sizes(min(cfg.min_prompt_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
     self.compiles = CompileCounter()
+    self.tokens = TokenCount()
 
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
                stop_sequences: Sequence[Sequence[int]] = ()) -> list[Generation]:
@@ -199,6 +204,11 @@ class Sampler:
           params, *args, key, jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p),
           jnp.asarray(self.eos_E), jnp.asarray(stop_NL), **static)
     toks, logps, lens, reason = jax.device_get((toks, logps, lens, reason))
+    lens_N = lens[:len(prompts)]
+    # The decode loop runs until its longest row ends: every row, padding included, pays for those steps.
+    self.tokens.add(TokenCount(prompt_forwarded=B * Pn, prompt_real=sum(map(len, prompts)),
+                               response_forwarded=B * int(lens_N.max()), response_real=int(lens_N.sum()),
+                               rows_forwarded=B, rows_real=len(prompts)))
     return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),
                        stop_reason=STOP_NAMES[reason[b]]) for b in range(len(prompts))]
 

@@ -87,3 +87,15 @@ def test_minibatch_padding_rows_are_masked(with_skill_prompts):
   with pytest.raises(ValueError, match="3 samples do not fit a mini-batch of 2 rows"):
     batch_lib.minibatch(s, [0, 1, 2], rows=2, Pn=64, R=8, pad_id=0, adv_N=adv_N, old_logp=old, ref_logp=None,
                         skill_logp=None, with_skill_prompts=False)
+
+
+def test_minibatch_tokens_count_rows_x_buckets_against_real_lengths():
+  s = batch_lib.collect_samples([_traj(0, 2), _traj(1, 1)], ["Open it.", None], _CharTokenizer(), max_prompt_tokens=60)
+  # prompts 6, 6, 6; responses 1, 2, 1; the first two rows carry the skill
+  t = batch_lib.minibatch_tokens(s, [0, 2, 1], rows=4, Pn=64, R=64, with_skill_prompts=False)
+  assert (t.prompt_forwarded, t.prompt_real, t.response_forwarded, t.response_real) == (256, 18, 256, 4)
+  assert (t.rows_forwarded, t.rows_real) == (4, 3)
+  both = batch_lib.minibatch_tokens(s, [0, 2], rows=4, Pn=64, R=64, with_skill_prompts=True)
+  skill_len = len(s.skill_prompts[0]) + len(s.skill_prompts[2])
+  assert (both.prompt_forwarded, both.prompt_real) == (2 * 256, 12 + skill_len)
+  assert (both.response_forwarded, both.response_real, both.rows_forwarded, both.rows_real) == (512, 2 * 2, 8, 4)

@@ -105,6 +105,10 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
     assert r["opd/analyzed_row_frac"] == pytest.approx(n_ok / n_rows)
     assert r["analysis/parse_rate"] == pytest.approx(len(ok) / 4)
     assert r["update/opd_tokens"] > 0 if ok else r["update/opd_tokens"] == 0
+    # Token accounting: the rollout decodes the step responses, the analyzer here is external (no sampler).
+    assert r["tokens/rollout_response_real"] == pytest.approx(r["rollout/response_tokens"] * n_rows)
+    assert r["tokens/analysis_forwarded"] == 0 and r["tokens/update_rows_real"] == n_rows
+    assert all(0 < r[f"tokens/{p}_real"] <= r[f"tokens/{p}_forwarded"] for p in ("rollout", "rescore", "update"))
   line = pipeline.summary_line(1, 2, rows[1])
   assert line.startswith(f"update 2/2: return {rows[1]['rollout/return']:.3f} success {rows[1]['rollout/success']:.3f} ")
   assert f"skill-parse {rows[1]['analysis/parse_rate']:.2f} opd-tokens {rows[1]['update/opd_tokens']:.0f} " in line

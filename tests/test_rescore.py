@@ -68,3 +68,17 @@ def test_bad_input():
     rescorer.score(PARAMS, [PROMPTS[:3]], RESPONSES, 1.0)
   with pytest.raises(ValueError, match="prompt 1 of context 0 is empty"):
     rescorer.score(PARAMS, [[[5], []]], [[1], [2]], 1.0)
+
+
+def test_token_counts_are_contexts_x_bucketed_rows_and_the_real_lengths():
+  ctx_b = [p + [7, 8, 9] for p in PROMPTS[:3]]  # prompts 5, 12, 1 | 8, 15, 4; responses 4, 9, 1
+  one_pass = _rescorer()
+  one_pass.score(PARAMS, [PROMPTS[:3], ctx_b], RESPONSES[:3], 1.0)
+  t = one_pass.tokens  # 2 contexts x 4-row bucket x (16 + 16)
+  assert (t.rows_forwarded, t.rows_real) == (8, 6)
+  assert (t.prompt_forwarded, t.prompt_real) == (2 * 4 * 16, 18 + 27)
+  assert (t.response_forwarded, t.response_real) == (2 * 4 * 16, 2 * 14)
+  two_passes = _rescorer(max_rows=4)  # 2 rows per pass of both contexts: buckets of 2 and 1 rows
+  two_passes.score(PARAMS, [PROMPTS[:3], ctx_b], RESPONSES[:3], 1.0)
+  t = two_passes.tokens
+  assert (t.rows_forwarded, t.rows_real, t.forwarded, t.real) == (2 * 3, 6, 2 * 3 * 32, 45 + 28)

@@ -123,6 +123,27 @@ def test_bad_input_and_oversized_batches():
   assert s.compiles.count == 2  # batch buckets 2 and 1, one prompt bucket
 
 
+def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
+  sp = SamplingParams(temperature=0, max_new_tokens=6)
+  free = _sampler().generate(PARAMS, PROMPTS[:3], jax.random.key(0), sp)
+  # Each row's third token ends it (or an earlier one that is another row's third), so the loop stops early.
+  s = Sampler(SPEC, [g.tokens[2] for g in free], SamplerConfig(max_prompt_len=32, min_prompt_bucket=16,
+                                                               max_batch=2, dtype="float32"))
+  out = s.generate(PARAMS, PROMPTS[:3], jax.random.key(0), sp)
+  lens = [len(g.tokens) for g in out]
+  assert max(lens) <= 3 < sp.max_new_tokens
+  # Batches of 2 and 1 rows (prompts 5, 12 | 1), each in the 16-token prompt bucket.
+  t = s.tokens
+  assert (t.rows_forwarded, t.rows_real) == (3, 3)
+  assert (t.prompt_forwarded, t.prompt_real) == (2 * 16 + 1 * 16, 5 + 12 + 1)
+  assert t.response_forwarded == 2 * max(lens[:2]) + 1 * lens[2] and t.response_real == sum(lens)
+  assert t.forwarded == t.prompt_forwarded + t.response_forwarded and t.real == 18 + sum(lens)
+  before = t.copy()
+  s.generate(PARAMS, PROMPTS[3:], jax.random.key(0), sp)  # one 9-token prompt: 1 row x 16
+  d = s.tokens - before
+  assert (d.rows_forwarded, d.prompt_forwarded, d.prompt_real) == (1, 16, 9) and before.rows_real == 3
+
+
 class _CharTokenizer:
   """One id per character; the chat template wraps the message in two marker ids."""
 

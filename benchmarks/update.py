@@ -1,0 +1,210 @@
+"""One SEED update (`pipeline.rl_update`: rollout -> self-analysis -> re-score -> advantages -> PPO) on the
+embedded ScienceWorld default (configs/sciworld.py: SmolLM2-135M, fp32, real ScienceWorld envs), each phase's
+wall time against the time its arithmetic needs at this CPU's matmul peak (common.matmul_peak_gflops, the
+best of measurements before, between and after the updates: other work on the cores only lowers them);
+prints one JSON line.
+
+The RL run's warm start is left out (`--warm` keeps it: the cached warm-started policy is the actor). One
+warm-up update compiles the programs; the measured update repeats update 0's tasks from the warmed-up state, so
+its shapes (and buckets) are the warm-up's and it shows the steady state (`compiles.in_measured_update` says
+whether any program was still compiled inside it).
+
+Per phase: the token positions the device computed (`forwarded_tokens`: padded buckets) and the real ones,
+from the pipeline's tokens/<phase>_* metrics, and `ideal_s`, the FLOPs of the real tokens over the peak.
+FLOPs per token are common.forward_flops_per_token at the phase's average row: prompt positions (prefill, or
+the scored rows' prompts) run causal attention over the prompt and no vocabulary projection; response
+positions (decode steps, scored responses) attend the whole prompt plus the response so far and are projected.
+The update counts 3x the forward (backward = 2x; learner.remat would add one more forward).
+`ideal_forwarded_s` is the same over the forwarded positions: ideal_forwarded_s / wall_s is how fast the
+kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real tokens.
+
+  python -m benchmarks.update [--size default|big] [--warm] [--set rescore.old_logps=rescore ...]
+  python -m benchmarks.update --compare   # rescore.old_logps=auto and =rescore side by side, one JSON line
+
+--compare runs each setting in its own child; the children's load can differ a lot on shared cores, so it
+also gives the re-score's wall ratio divided by the update phase's (the same work in both children).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+from benchmarks import common
+
+PHASES = ("rollout", "analysis", "rescore", "update")
+BIG = {"rollout.tasks_per_update": "4", "rollout.group_size": "4"}
+
+
+def cpu_model() -> str:
+  with open("/proc/cpuinfo") as f:
+    for line in f:
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  return "unknown"
+
+
+def override(cfg, pair: str) -> None:
+  """Sets `key=value` on the config, the value parsed as the field's current type."""
+  key, sep, text = pair.partition("=")
+  if not sep:
+    raise SystemExit(f"--set wants key=value, got {pair!r}")
+  *path, leaf = key.split(".")
+  node = cfg
+  for part in path:
+    node = node[part]
+  old = node[leaf]
+  if isinstance(old, bool):
+    if text.lower() not in ("true", "false", "1", "0"):
+      raise SystemExit(f"--set {key} wants true or false, got {text!r}")
+    node[leaf] = text.lower() in ("true", "1")
+  elif isinstance(old, (int, float, str)):
+    node[leaf] = type(old)(text)
+  else:
+    node[leaf] = ast.literal_eval(text)
+
+
+def make_config(size: str, warm: bool, sets: Sequence[str]):
+  from configs import sciworld
+  from seed_jax.config import validate
+  cfg = sciworld.get_config("")
+  cfg.warmstart.before_rl = warm
+  cfg.log.tensorboard, cfg.log.wandb, cfg.log.progress = False, False, False
+  for pair in ([f"{k}={v}" for k, v in BIG.items()] if size == "big" else []) + list(sets):
+    override(cfg, pair)
+  validate(cfg)
+  return cfg
+
+
+def phase_flops(spec, prompt: float, response: float, rows: float) -> float:
+  """Forward FLOPs of `rows` rows holding `prompt` + `response` positions in all, at the average row."""
+  if not rows:
+    return 0.0
+  P, R = prompt / rows, response / rows
+  # A response position attends P + (R + 1) / 2 keys on average: a causal row of 2P + R tokens has as many.
+  return (prompt * common.forward_flops_per_token(spec, P, with_logits=False)
+          + response * common.forward_flops_per_token(spec, 2 * P + R))
+
+
+def phase_report(spec, m: dict[str, Any], phase: str, peak_gflops: float) -> dict[str, Any]:
+  t = lambda k: float(m.get(f"tokens/{phase}_{k}", 0.0))
+  wall = float(m.get(f"time/{phase}_s", 0.0))
+  passes = 3 if phase == "update" else 1
+  flops = lambda kind: passes * phase_flops(spec, t(kind) - t(f"response_{kind}"), t(f"response_{kind}"),
+                                            t(f"rows_{kind}"))
+  ideal, ideal_fwd = flops("real") / (peak_gflops * 1e9), flops("forwarded") / (peak_gflops * 1e9)
+  rows = t("rows_real")
+  return dict(wall_s=round(wall, 3), forwarded_tokens=int(t("forwarded")), real_tokens=int(t("real")),
+              ideal_s=round(ideal, 3), ideal_over_actual=round(ideal / wall, 4) if wall else None,
+              ideal_forwarded_s=round(ideal_fwd, 3), rows=int(rows),
+              avg_prompt=round((t("real") - t("response_real")) / rows, 1) if rows else 0.0,
+              avg_response=round(t("response_real") / rows, 1) if rows else 0.0)
+
+
+def run_update(a) -> dict[str, Any]:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  import jax
+  import jax.numpy as jnp
+  from seed_jax import pipeline
+  from seed_jax import update as update_lib
+  from seed_jax.infra.metrics import MetricsWriter
+  load_start = common.load_avg()
+  cfg = make_config(a.size, a.warm, a.set)
+  if cfg.compile_cache.enabled:  # as seed_jax.main: a later run reads the compiled programs back
+    from seed_jax.infra import compile_cache
+    compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
+  t0 = time.perf_counter()
+  if cfg.warmstart.before_rl:
+    from seed_jax import warmstart
+    cfg = warmstart.with_warm_policy(cfg)
+  rt = pipeline.build(cfg)
+  build_s = time.perf_counter() - t0
+  peaks = [common.matmul_peak_gflops()]
+  try:
+    with tempfile.TemporaryDirectory() as workdir:
+      writer = MetricsWriter(workdir, True, cfg.log)
+      state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
+      t0 = time.perf_counter()
+      state, warm_m = pipeline.rl_update(rt, state, 0, writer)
+      warmup_s = time.perf_counter() - t0
+      peaks.append(common.matmul_peak_gflops())
+      load_measured = common.load_avg()
+      t0 = time.perf_counter()
+      state, m = pipeline.rl_update(rt, state, 0, writer)
+      measured_s = time.perf_counter() - t0
+      writer.close()
+  finally:
+    rt.close()
+  peaks.append(common.matmul_peak_gflops())
+  peak = max(peaks)
+  phases = {p: phase_report(rt.spec, m, p, peak) for p in PHASES}
+  wall = lambda ps: sum(phases[p]["wall_s"] for p in ps)
+  outside = ("analysis", "rescore", "update")
+  fwd = sum(phases[p]["forwarded_tokens"] for p in ("rescore", "update"))
+  passes = cfg.learner.ppo_epochs * (2 if rt.teacher.update_reads_skill_prompts else 1)  # update rows per sample
+  compiles = {k: int(m.get(f"compiles/{k}", 0)) for k in ("sampler", "rescore", "update")}
+  compiles["in_measured_update"] = sum(compiles[k] - int(warm_m.get(f"compiles/{k}", 0)) for k in compiles)
+  return dict(
+      bench="update", cpu=cpu_model(), load_avg=dict(start=load_start, measured=load_measured, end=common.load_avg()),
+      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model="SmolLM2-135M",
+      size=a.size, warm=a.warm, set=list(a.set), tasks_per_update=cfg.rollout.tasks_per_update,
+      group_size=cfg.rollout.group_size, step_samples=int(m.get("tokens/update_rows_real", 0)) // passes,
+      phases=phases,
+      analysis_rescore_over_rollout=round(wall(("analysis", "rescore")) / wall(("rollout",)), 4),
+      efficiency_outside_rollout=round(sum(phases[p]["ideal_s"] for p in outside) / wall(outside), 4),
+      real_over_forwarded=round(sum(phases[p]["real_tokens"] for p in ("rescore", "update")) / fwd, 4) if fwd else None,
+      compiles=compiles, peak_rss_mb=round(common.peak_rss_mb()),
+      old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
+      build_s=round(build_s, 1), warmup_update_s=round(warmup_s, 1), measured_update_s=round(measured_s, 1),
+      rollout_success=m.get("rollout/success"), analysis_parse_rate=m.get("analysis/parse_rate"))
+
+
+def run_child(a, old_logps: str) -> dict[str, Any]:
+  """This benchmark in a child process (its own peak memory and compile counts) with rescore.old_logps set."""
+  args = [sys.executable, "-m", "benchmarks.update", "--child", "--size", a.size] + (["--warm"] if a.warm else [])
+  for pair in list(a.set) + [f"rescore.old_logps={old_logps}"]:
+    args += ["--set", pair]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
+  proc = subprocess.run(args, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, text=True)  # stderr: the run's log
+  if proc.returncode:
+    raise RuntimeError(f"benchmarks.update child (old_logps={old_logps}) failed ({proc.returncode})")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--size", choices=("default", "big"), default="default")
+  p.add_argument("--warm", action="store_true", help="keep the RL run's warm start (the cached warm policy acts)")
+  p.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
+  p.add_argument("--compare", action="store_true", help="rescore.old_logps=auto and =rescore in two children")
+  p.add_argument("--child", action="store_true", help="one run, as a child of --compare")
+  a = p.parse_args()
+  if not a.compare:
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    for name in ("absl", "jax"):  # backend probes and cache writes, not the run
+      logging.getLogger(name).setLevel(logging.WARNING)
+    common.emit(run_update(a))
+    return
+  if any(s.startswith("rescore.old_logps=") for s in a.set):
+    raise SystemExit("--compare sets rescore.old_logps itself")
+  auto, rescore = run_child(a, "auto"), run_child(a, "rescore")
+  ratio = lambda k, f="wall_s": rescore["phases"][k][f] / auto["phases"][k][f]
+  # The update phase does the same work under both settings: its wall ratio is the children's load difference.
+  common.emit(dict(bench="update_compare", cpu=auto["cpu"], load_avg=common.load_avg(), auto=auto, rescore=rescore,
+                   rescore_wall_rescore_over_auto=round(ratio("rescore"), 3),
+                   rescore_forwarded_rescore_over_auto=round(ratio("rescore", "forwarded_tokens"), 3),
+                   update_phase_wall_rescore_over_auto=round(ratio("update"), 3),
+                   rescore_wall_ratio_load_adjusted=round(ratio("rescore") / ratio("update"), 3),
+                   update_wall_rescore_over_auto=round(rescore["measured_update_s"] / auto["measured_update_s"], 3)))
+
+
+if __name__ == "__main__":
+  main()
