@@ -216,6 +216,8 @@ def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool)
   KL term."""
   cfg = rt.cfg
   reuse = old_logps_from_sampler(cfg)
+  # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
+  with_skills = with_skills and bool(samples.opd_mask_N.any())
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
   contexts = ([] if reuse else [samples.prompts]) + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature)[0] if contexts else []
