@@ -141,14 +141,10 @@ def make_env(cfg: Any) -> AlfworldEnv:
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: Any) -> str:
   choices = [f"Your admissible actions: {', '.join(obs.admissible or [])}"]
-  return prompting.render_step_prompt(
-      intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
-      history_length=cfg.history_length, require_think=cfg.require_think,
-      history_obs_chars=cfg.history_obs_chars)
+  return prompting.render_env_prompt(INTRO, task_description, history, obs.text, choices, cfg)
 
 
-def parse_action(response: str, cfg: Any) -> base.ParsedAction:
-  return prompting.parse_action(response, cfg.require_think)
+parse_action = prompting.parse_env_action
 
 
 FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,

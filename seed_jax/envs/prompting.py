@@ -141,3 +141,16 @@ def render_step_prompt(*, intro: str, task_description: str, history: Sequence[t
   lines.extend(choices)
   lines.append(turn_line(require_think, tags))
   return "\n".join(lines)
+
+
+def parse_env_action(response: str, cfg) -> ParsedAction:
+  """`parse_action` with the env config's think rule: the text environments' parse_action."""
+  return parse_action(response, cfg.require_think)
+
+
+def render_env_prompt(intro: str, task_description: str, history: Sequence[tuple[str, str]], observation: str,
+                      choices: Sequence[str], cfg) -> str:
+  """`render_step_prompt` with the env config's history window, think rule and history clipping."""
+  return render_step_prompt(intro=intro, task_description=task_description, history=history, observation=observation,
+                            choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
+                            history_obs_chars=cfg.history_obs_chars)

@@ -18,7 +18,7 @@ import random
 from typing import Any, Iterator, Sequence
 
 from seed_jax.envs import prompting
-from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
+from seed_jax.envs.base import EnvFamily, Observation, StepResult, Task
 
 # (train, dev, test) variation counts per task type in scienceworld 1.2.3; each split is a contiguous range
 # of variation ids in that order (tests check this table against the JVM). Panels never need a JVM.
@@ -210,14 +210,10 @@ def make_env(cfg: Any) -> SciWorldEnv:
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
   choices = [f"Action templates (replace OBJ with an object): {', '.join(obs.admissible or [])}",
              f"Objects you can refer to: {', '.join(obs.info.get('objects', []))}"]
-  return prompting.render_step_prompt(
-      intro=INTRO, task_description=task_description, history=history, observation=obs.text,
-      choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
-      history_obs_chars=cfg.history_obs_chars)
+  return prompting.render_env_prompt(INTRO, task_description, history, obs.text, choices, cfg)
 
 
-def parse_action(response: str, cfg: Any) -> ParsedAction:
-  return prompting.parse_action(response, cfg.require_think)
+parse_action = prompting.parse_env_action
 
 
 FAMILY = EnvFamily(name="sciworld", make_env=make_env, tasks=task_panel, render_prompt=render_prompt,

@@ -12,7 +12,7 @@ import random
 from typing import Any, Sequence
 
 from seed_jax.envs import prompting
-from seed_jax.envs.base import EnvFamily, Observation, ParsedAction, StepResult, Task
+from seed_jax.envs.base import EnvFamily, Observation, StepResult, Task
 
 GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 # The seed folds of textworld-express 1.1.0 (the same for every game; tests check them against the JVM).
@@ -107,14 +107,10 @@ def make_env(cfg: Any) -> TWXEnv:
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
   choices = [f"Valid actions: {', '.join(obs.admissible or [])}"]
-  return prompting.render_step_prompt(
-      intro=INTRO, task_description=task_description, history=history, observation=obs.text,
-      choices=choices, history_length=cfg.history_length, require_think=cfg.require_think,
-      history_obs_chars=cfg.history_obs_chars)
+  return prompting.render_env_prompt(INTRO, task_description, history, obs.text, choices, cfg)
 
 
-def parse_action(response: str, cfg: Any) -> ParsedAction:
-  return prompting.parse_action(response, cfg.require_think)
+parse_action = prompting.parse_env_action
 
 
 FAMILY = EnvFamily(name="textworld_express", make_env=make_env, tasks=task_panel, render_prompt=render_prompt,

@@ -262,15 +262,11 @@ def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs
                   cfg: Any) -> str:
   # One action per line: clickables (option values, titles) may hold commas.
   choices = ["Your admissible actions, one per line:", *(obs.admissible or [])]
-  return prompting.render_step_prompt(
-      intro=INTRO, task_description=task_description, history=history, observation=obs.text, choices=choices,
-      history_length=cfg.history_length, require_think=cfg.require_think,
-      history_obs_chars=cfg.history_obs_chars)
+  return prompting.render_env_prompt(INTRO, task_description, history, obs.text, choices, cfg)
 
 
-def parse_action(response: str, cfg: Any) -> base.ParsedAction:
-  # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.
-  return prompting.parse_action(response, cfg.require_think)
+# The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.
+parse_action = prompting.parse_env_action
 
 
 FAMILY = base.EnvFamily(name=NAME, make_env=make_env, tasks=task_panel, render_prompt=render_prompt,
