@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from seed_jax import packing
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_THREADS = 2
 
@@ -70,14 +72,7 @@ def matmul_peak_gflops(n: int = 2048, runs: int = 7) -> float:
   return 2 * n ** 3 / median(timed(lambda: mm(a, b).block_until_ready(), runs)) / 1e9
 
 
-def forward_flops_per_token(spec, seq_len: int, with_logits: bool = True) -> float:
-  """2 x matmul weights (+ the vocabulary projection) plus causal attention (QK and PV over (T+1)/2 keys
-  on average) per token of a full forward over `seq_len` tokens."""
-  D, H, K, hd, F = spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim
-  per_layer = D * H * hd + 2 * D * K * hd + H * hd * D + 3 * D * F
-  matmul = spec.n_layers * per_layer + (spec.dim * spec.vocab_size if with_logits else 0)
-  attention = spec.n_layers * 4 * H * hd * (seq_len + 1) / 2
-  return 2 * matmul + attention
+forward_flops_per_token = packing.flops_per_token  # the FLOP model the packer minimizes
 
 
 def load_torch(model_dir: str):

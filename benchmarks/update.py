@@ -19,10 +19,13 @@ The update counts 3x the forward (backward = 2x; learner.remat would add one mor
 kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real tokens.
 
   python -m benchmarks.update [--size default|big] [--warm] [--set rescore.old_logps=rescore ...]
-  python -m benchmarks.update --compare   # rescore.old_logps=auto and =rescore side by side, one JSON line
+  python -m benchmarks.update --compare=old_logps  # rescore.old_logps=auto vs =rescore, one JSON line
+  python -m benchmarks.update --compare=packing    # packed rows (the default) vs padded buckets
 
---compare runs each setting in its own child; the children's load can differ a lot on shared cores, so it
-also gives the re-score's wall ratio divided by the update phase's (the same work in both children).
+--compare runs each setting in its own child, the default one first; the JSON line holds both children's lines
+and the ratios (second over first) of each phase's wall time and forwarded tokens. For old_logps the update
+phase does the same work in both children, so its wall ratio measures their load difference and the
+re-score's ratio is also given divided by it.
 """
 from __future__ import annotations
 
@@ -166,15 +169,21 @@ def run_update(a) -> dict[str, Any]:
       rollout_success=m.get("rollout/success"), analysis_parse_rate=m.get("analysis/parse_rate"))
 
 
-def run_child(a, old_logps: str) -> dict[str, Any]:
-  """This benchmark in a child process (its own peak memory and compile counts) with rescore.old_logps set."""
+COMPARE = {  # name -> (first child's settings, second child's settings)
+    "old_logps": (["rescore.old_logps=auto"], ["rescore.old_logps=rescore"]),
+    "packing": ([], ["learner.pack=False", "rescore.pack_tokens=0"]),
+}
+
+
+def run_child(a, settings: Sequence[str]) -> dict[str, Any]:
+  """This benchmark in a child process (its own peak memory and compile counts) with `settings` added."""
   args = [sys.executable, "-m", "benchmarks.update", "--child", "--size", a.size] + (["--warm"] if a.warm else [])
-  for pair in list(a.set) + [f"rescore.old_logps={old_logps}"]:
+  for pair in list(a.set) + list(settings):
     args += ["--set", pair]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
   proc = subprocess.run(args, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, text=True)  # stderr: the run's log
   if proc.returncode:
-    raise RuntimeError(f"benchmarks.update child (old_logps={old_logps}) failed ({proc.returncode})")
+    raise RuntimeError(f"benchmarks.update child ({' '.join(settings) or 'defaults'}) failed ({proc.returncode})")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -183,7 +192,7 @@ def main() -> None:
   p.add_argument("--size", choices=("default", "big"), default="default")
   p.add_argument("--warm", action="store_true", help="keep the RL run's warm start (the cached warm policy acts)")
   p.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
-  p.add_argument("--compare", action="store_true", help="rescore.old_logps=auto and =rescore in two children")
+  p.add_argument("--compare", choices=sorted(COMPARE), help="two children, one per setting of COMPARE[name]")
   p.add_argument("--child", action="store_true", help="one run, as a child of --compare")
   a = p.parse_args()
   if not a.compare:
@@ -193,17 +202,21 @@ def main() -> None:
       logging.getLogger(name).setLevel(logging.WARNING)
     common.emit(run_update(a))
     return
-  if any(s.startswith("rescore.old_logps=") for s in a.set):
-    raise SystemExit("--compare sets rescore.old_logps itself")
-  auto, rescore = run_child(a, "auto"), run_child(a, "rescore")
-  ratio = lambda k, f="wall_s": rescore["phases"][k][f] / auto["phases"][k][f]
-  # The update phase does the same work under both settings: its wall ratio is the children's load difference.
-  common.emit(dict(bench="update_compare", cpu=auto["cpu"], load_avg=common.load_avg(), auto=auto, rescore=rescore,
-                   rescore_wall_rescore_over_auto=round(ratio("rescore"), 3),
-                   rescore_forwarded_rescore_over_auto=round(ratio("rescore", "forwarded_tokens"), 3),
-                   update_phase_wall_rescore_over_auto=round(ratio("update"), 3),
-                   rescore_wall_ratio_load_adjusted=round(ratio("rescore") / ratio("update"), 3),
-                   update_wall_rescore_over_auto=round(rescore["measured_update_s"] / auto["measured_update_s"], 3)))
+  first_set, second_set = COMPARE[a.compare]
+  keys = {s.split("=")[0] for s in first_set + second_set}
+  if any(s.split("=")[0] in keys for s in a.set):
+    raise SystemExit(f"--compare={a.compare} sets {', '.join(sorted(keys))} itself")
+  first, second = run_child(a, first_set), run_child(a, second_set)
+  ratio = lambda k, f="wall_s": second["phases"][k][f] / first["phases"][k][f] if first["phases"][k][f] else None
+  phases = [k for k in first["phases"] if k in second["phases"]]
+  out = dict(bench="update_compare", compare=a.compare, cpu=first["cpu"], load_avg=common.load_avg(),
+             first=dict(settings=first_set, **first), second=dict(settings=second_set, **second),
+             wall_second_over_first={k: ratio(k) for k in phases},
+             forwarded_second_over_first={k: ratio(k, "forwarded_tokens") for k in phases},
+             update_wall_second_over_first=round(second["measured_update_s"] / first["measured_update_s"], 3))
+  if a.compare == "old_logps":
+    out["rescore_wall_ratio_load_adjusted"] = round(ratio("rescore") / ratio("update"), 3)
+  common.emit(out)
 
 
 if __name__ == "__main__":

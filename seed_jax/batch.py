@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from seed_jax import packing
 from seed_jax.buckets import TokenCount, bucket, pow2_sizes
 from seed_jax.envs.base import Trajectory
 from seed_jax.models.tokenizer import Tokenizer
@@ -90,6 +91,29 @@ def minibatch(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, 
     extra["skill_prompt_BP"], extra["skill_pvalid_BP"] = pad_left(pick(samples.skill_prompts), rows, Pn, pad_id)
   return MiniBatch(prompt_BP=prompt, pvalid_BP=pvalid, resp_BR=resp, rmask_BR=rmask, old_logp_BR=col(old_logp),
                    adv_B=adv, ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp), opd_mask_B=opd, **extra)
+
+
+def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layout, R: int, *, adv_N: np.ndarray,
+                     old_logp: Sequence[np.ndarray], ref_logp: Sequence[np.ndarray] | None,
+                     skill_logp: Sequence[np.ndarray] | None) -> tuple[MiniBatch, TokenCount]:
+  """Rows `idx` packed by `layout` (packing.plan_layout over their prompt + response lengths, in idx order):
+  the per-sample arrays in slot order; empty slots have no response tokens, zero advantage, no OPD. Also the
+  token positions it costs (all rows x L; slots x R scored) against the real ones."""
+  idx = list(idx)
+  pick = lambda xs: [xs[i] for i in idx]
+  rows, resp, rmask, slot_of = packing.fill_rows(layout, pick(samples.prompts), pick(samples.responses), R)
+  S = layout.slots
+  col = lambda xs: packing.in_slots(pick(xs), slot_of, S, 0.0, np.float32, R) if xs is not None else None
+  mb = MiniBatch(resp_BR=resp, rmask_BR=rmask, old_logp_BR=col(old_logp),
+                 adv_B=packing.in_slots(adv_N[idx], slot_of, S, 0.0, np.float32), packed=rows,
+                 ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp),
+                 opd_mask_B=packing.in_slots(samples.opd_mask_N[idx], slot_of, S, False, bool),
+                 micro_batches=len(layout.groups))
+  resp_real = sum(len(samples.responses[i]) for i in idx)
+  tokens = TokenCount(prompt_forwarded=layout.rows * layout.length - resp_real,
+                      prompt_real=sum(len(samples.prompts[i]) for i in idx), response_forwarded=S * R,
+                      response_real=resp_real, rows_forwarded=S, rows_real=len(idx))
+  return mb, tokens
 
 
 def minibatch_tokens(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, *,

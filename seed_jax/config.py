@@ -51,7 +51,8 @@ _POSITIVE = ("rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs", "sampler.max_batch",
              "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
 _NON_NEGATIVE = ("train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
-                 "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef")
+                 "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
+                 "rescore.pack_tokens")
 
 
 def mesh_presets() -> list[str]:

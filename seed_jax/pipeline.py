@@ -14,9 +14,9 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, losses, skills
+from seed_jax import advantages, analyzers, losses, packing, skills
 from seed_jax import update as update_lib
-from seed_jax.buckets import CompileCounter, TokenCount
+from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -82,7 +82,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
                                                      dtype=cfg.sampler.dtype), mesh)
   rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
       max_rows=cfg.rescore.max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
-      max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype), mesh)
+      max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
+      pack_tokens=cfg.rescore.pack_tokens), mesh)
   loss_cfg = effective_loss_config(cfg)
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
@@ -260,12 +261,15 @@ def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples
 
 def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
   """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps. Also
-  returns the token positions the steps computed: rows x (Pn + R) per step (both contexts with teacher
-  "current") against the real rows' prompt and response lengths."""
+  returns the token positions the steps computed (padded: rows x (Pn + R) per step, both contexts with teacher
+  "current"; packed: the packed rows) against the real rows' prompt and response lengths."""
   cfg = rt.cfg
   N, micro = len(samples), cfg.learner.micro_batch_size
   skill_prompts = rt.teacher.update_reads_skill_prompts
+  pack = cfg.learner.pack and not skill_prompts  # teacher "current" scores both contexts in the padded layout
+  data = rt.mesh.shape["data"] * rt.mesh.shape["fsdp"]
   Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
+  R_pack = bucket(max(map(len, samples.responses)), pow2_sizes(16, max(16, R)), "response length")
   per = min(cfg.learner.minibatch_size, N)
   rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
   sums_all: dict[str, float] = {}
@@ -276,12 +280,21 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
     order = rng.permutation(N)
     for start in range(0, N, per):
       idx = order[start:start + per]
-      mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
-                               old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
-                               with_skill_prompts=skill_prompts)
-      tokens.add(batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts))
-      if rt.update_compiles.see(("update", rows, Pn, R, skill_prompts, ref_logp is None, skill_logp is None)):
-        log.info("compiling update: %d rows, prompt %d, response %d", rows, Pn, R)
+      if pack:
+        layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx], rt.spec,
+                                     group_tokens=micro * (Pn + R), max_len=micro * (Pn + R), row_multiple=data)
+        mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
+                                           ref_logp=ref_logp, skill_logp=skill_logp)
+        shape = ("packed", len(layout.groups), layout.rows_per_group, layout.length, layout.slots_per_group, R_pack)
+      else:
+        mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
+                                 old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
+                                 with_skill_prompts=skill_prompts)
+        t = batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts)
+        shape = ("padded", rows, Pn, R, skill_prompts)
+      tokens.add(t)
+      if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
+        log.info("compiling update: %s", " x ".join(map(str, shape)))
       with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays
         state, sums = rt.update_fn(state, distributed.global_batch(mb, rt.mesh), jnp.float32(cfg.rollout.temperature))
       for k, v in losses.finalize_metrics(jax.device_get(sums)).items():

@@ -1,7 +1,8 @@
 """Log-probs and entropies of given responses under one or several prompt contexts, in one batched forward.
 
 `rescore` stacks C contexts into C*B rows of one `response_logprobs` forward (models/logprobs.py, the core the
-update step also differentiates); `Rescorer` is its host wrapper: ragged ids in, bucketed row batches out.
+update step also differentiates); `rescore_packed` forwards the same sequences packed several to a row
+(seed_jax/packing.py). `Rescorer` is the host wrapper: ragged ids in, bucketed or packed batches out.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from seed_jax import packing
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
-from seed_jax.models.logprobs import response_logprobs
+from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
 from seed_jax.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,14 @@ def rescore(params, prompt_CBP, pvalid_CBP, resp_BR, rmask_BR, temperature, *, s
   return logp.reshape(C, B, -1), ent.reshape(C, B, -1)
 
 
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "chunk", "with_entropy"))
+def rescore_packed(params, rows: PackedRows, resp_SR, rmask_SR, temperature, *, spec: ModelSpec, dtype, chunk: int,
+                   with_entropy: bool = True):
+  """Every (context, sample) sequence packed into rows: one forward, (logp_SR, entropy_SR) per slot."""
+  return packed_logprobs(params, spec, rows, resp_SR, rmask_SR, temperature, dtype=dtype, chunk=chunk,
+                         with_entropy=with_entropy)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RescorerConfig:
   """max_rows, vocab_chunk and dtype have their defaults in config.rescore (configs/base.py) only."""
@@ -45,6 +55,7 @@ class RescorerConfig:
   max_response_len: int = 1024
   vocab_chunk: int  # response positions per vocabulary-projection chunk
   dtype: str
+  pack_tokens: int = 0  # > 0: sequences packed into rows, at most this many positions per forward pass
 
 
 class Rescorer:
@@ -69,6 +80,8 @@ class Rescorer:
     C, N = len(contexts), len(responses)
     if any(len(ctx) != N for ctx in contexts):
       raise ValueError(f"every context needs one prompt per response ({N})")
+    if self.cfg.pack_tokens > 0:
+      return self._score_packed(params, contexts, responses, temperature, with_entropy)
     logps = [[None] * N for _ in range(C)]
     ents = [[None] * N for _ in range(C)]
     per_pass = max(1, self.row_sizes[-1] // C)
@@ -80,6 +93,46 @@ class Rescorer:
         for j, i in enumerate(idx):
           n = len(responses[i])
           logps[c][i], ents[c][i] = lp[c, j, :n], en[c, j, :n]
+    return logps, ents
+
+  def _score_packed(self, params, contexts, responses, temperature, with_entropy):
+    """All C*N (prompt, response) sequences packed into equal passes of at most pack_tokens positions."""
+    C, N = len(contexts), len(responses)
+    prompts = [p for ctx in contexts for p in ctx]
+    resps = [r for _ in contexts for r in responses]
+    if any(len(p) == 0 for p in prompts):
+      raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
+    data = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    layout = packing.plan_layout([len(p) + len(r) for p, r in zip(prompts, resps)], self.spec,
+                                 group_tokens=self.cfg.pack_tokens, row_multiple=data,
+                                 max_len=self.cfg.max_prompt_len + self.cfg.max_response_len)
+    R = bucket(max(1, max(map(len, responses))), pow2_sizes(16, max(16, self.cfg.max_response_len)),
+               "response length")
+    rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R)
+    W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
+    resp_real = C * sum(map(len, responses))
+    self.tokens.add(TokenCount(prompt_forwarded=layout.rows * L - resp_real, prompt_real=sum(map(len, prompts)),
+                               response_forwarded=layout.slots * R, response_real=resp_real,
+                               rows_forwarded=layout.slots, rows_real=C * N))
+    static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
+                  with_entropy=with_entropy)
+    if self.compiles.see(("rescore_packed", W, L, S, R, with_entropy)):
+      log.info("compiling rescore: %d packed rows of %d, %d slots, response %d", W, L, S, R)
+    lp_out, en_out = [], []
+    for g in range(len(layout.groups)):
+      part = lambda x, n: x[g * n:(g + 1) * n]
+      args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
+                         part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
+      if self.mesh is not None:
+        args = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(
+            self.mesh, P(*([("data", "fsdp")] + [None] * (x.ndim - 1))))), args)
+      with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+        lp, en = jax.device_get(rescore_packed(params, *args, jnp.float32(temperature), **static))
+      lp_out.append(lp)
+      en_out.append(en)
+    lp, en = np.concatenate(lp_out), np.concatenate(en_out)
+    logps = [[lp[slot_of[c * N + i], :len(responses[i])] for i in range(N)] for c in range(C)]
+    ents = [[en[slot_of[c * N + i], :len(responses[i])] for i in range(N)] for c in range(C)]
     return logps, ents
 
   def _score_batch(self, params, contexts, responses, temperature, with_entropy):

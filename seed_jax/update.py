@@ -18,7 +18,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import losses
-from seed_jax.models.logprobs import response_logprobs
+from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
 from seed_jax.models.spec import ModelSpec
 
 
@@ -32,18 +32,24 @@ class TrainState:
 
 @flax.struct.dataclass
 class MiniBatch:
-  """Device arrays of one mini-batch of step-samples [M, ...]; padding rows have rmask all False."""
-  prompt_BP: jax.Array
-  pvalid_BP: jax.Array
+  """Device arrays of one mini-batch of step-samples [M, ...]; padding rows have rmask all False.
+
+  Two layouts of the same step-samples: padded (prompt_BP/pvalid_BP, one sample per row, M = micro-batches x
+  micro_batch_size) or packed (`packed`: several samples per row, seed_jax/packing.py; the per-sample arrays
+  are then in slot order, `micro_batches` groups of rows and of slots)."""
   resp_BR: jax.Array
   rmask_BR: jax.Array
   old_logp_BR: jax.Array
   adv_B: jax.Array
+  prompt_BP: jax.Array | None = None
+  pvalid_BP: jax.Array | None = None
+  packed: PackedRows | None = None
   ref_logp_BR: jax.Array | None = None
   skill_logp_BR: jax.Array | None = None  # teacher="old"
   opd_mask_B: jax.Array | None = None
   skill_prompt_BP: jax.Array | None = None  # teacher="current": the skill-augmented prompts
   skill_pvalid_BP: jax.Array | None = None
+  micro_batches: int = flax.struct.field(pytree_node=False, default=0)  # packed: groups (0 = padded layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +113,15 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
                loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: str):
   """SEED loss of one micro-batch. With teacher="current" both contexts go through one forward and the
   skill-side log-probs are stop-gradient teachers."""
-  B = mb.prompt_BP.shape[0]
-  fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, dtype=dtype,
-                                                 chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
+  B = mb.resp_BR.shape[0]
+  kw = dict(dtype=dtype, chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
+  fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, **kw)
   skill_logp = mb.skill_logp_BR
-  if teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
+  if mb.packed is not None:
+    if teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
+      raise ValueError("packed mini-batches serve learner.teacher='old' only")
+    logp, ent = packed_logprobs(params, spec, mb.packed, mb.resp_BR, mb.rmask_BR, temperature, **kw)
+  elif teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
     both = lambda a, b: jnp.concatenate([a, b], axis=0)
     logp2, ent2 = fwd(both(mb.prompt_BP, mb.skill_prompt_BP), both(mb.pvalid_BP, mb.skill_pvalid_BP),
                       both(mb.resp_BR, mb.resp_BR), both(mb.rmask_BR, mb.rmask_BR))
@@ -137,13 +147,16 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
                                            chunk=chunk, remat=remat, teacher=teacher), has_aux=True)
 
   def update(state: TrainState, batch: MiniBatch, temperature):
-    M = batch.prompt_BP.shape[0]
-    if M % micro_batch_size:
+    M = batch.resp_BR.shape[0]
+    if batch.micro_batches:  # packed: rows and slots are already grouped per micro-batch
+      n_micro = batch.micro_batches
+    elif M % micro_batch_size:
       raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
-    n_micro = M // micro_batch_size
+    else:
+      n_micro = M // micro_batch_size
     norm = losses.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
                                    loss_cfg.agg_mode)
-    micro = jax.tree.map(lambda x: x.reshape((n_micro, micro_batch_size) + x.shape[1:]), batch)
+    micro = jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, metrics_shape), _ = jax.eval_shape(loss_fn, state.params, first, norm, temperature)
     zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)

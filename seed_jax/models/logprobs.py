@@ -3,9 +3,14 @@
 
 Row layout of `response_logprobs`: [left padding | prompt | response | right padding], every prompt
 right-aligned at column P, so the hidden state at column P-1+r predicts response token r for every row.
+`packed_logprobs` takes sequences packed several to a row (seed_jax/packing.py) and gathers each response's
+predicting positions into slots; both end in `token_logprobs`.
 """
 from __future__ import annotations
 
+from typing import Any
+
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -45,6 +50,27 @@ def response_logprobs(params, spec: ModelSpec, prompt_BP, pvalid_BP, resp_BR, rm
   hidden_BRD = hidden_BTD[:, Pn - 1:Pn - 1 + R]
   return token_logprobs(params, spec, hidden_BRD, resp_BR, rmask_BR, temperature, dtype=dtype, chunk=chunk,
                         remat=remat, with_entropy=with_entropy)
+
+
+@flax.struct.dataclass
+class PackedRows:
+  """Sequences packed into rows [W, L] (segment ids 1, 2, ... per row, 0 = padding; positions restart at 0 per
+  sequence), and per slot s the row holding its sequence and the columns whose hidden states predict its
+  response tokens (col_SR[s, r] = start + prompt length - 1 + r)."""
+  tokens_WL: Any
+  positions_WL: Any
+  segment_WL: Any
+  row_S: Any
+  col_SR: Any
+
+
+def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature, *, dtype,
+                    chunk: int, remat: bool = False, with_entropy: bool = True):
+  """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False."""
+  hidden_WLD, _ = tf.forward(params, spec, rows.tokens_WL, rows.positions_WL, rows.segment_WL, None, dtype, remat)
+  hidden_SRD = hidden_WLD[rows.row_S[:, None], rows.col_SR]
+  return token_logprobs(params, spec, hidden_SRD, resp_SR, rmask_SR, temperature, dtype=dtype,
+                        chunk=min(chunk, resp_SR.shape[1]), remat=remat, with_entropy=with_entropy)
 
 
 def token_logprobs(params, spec: ModelSpec, hidden_BRD, targets_BR, mask_BR, temperature, *, dtype, chunk: int,
