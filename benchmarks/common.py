@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from seed_jax import packing
+from seed_jax.models import spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_THREADS = 2
@@ -72,7 +72,7 @@ def matmul_peak_gflops(n: int = 2048, runs: int = 7) -> float:
   return 2 * n ** 3 / median(timed(lambda: mm(a, b).block_until_ready(), runs)) / 1e9
 
 
-forward_flops_per_token = packing.flops_per_token  # the FLOP model the packer minimizes
+forward_flops_per_token = spec_lib.forward_flops_per_token
 
 
 def load_torch(model_dir: str):

@@ -171,7 +171,7 @@ def run_update(a) -> dict[str, Any]:
 
 COMPARE = {  # name -> (first child's settings, second child's settings)
     "old_logps": (["rescore.old_logps=auto"], ["rescore.old_logps=rescore"]),
-    "packing": ([], ["learner.pack=False", "rescore.pack_tokens=0"]),
+    "packing": ([], ["learner.pack_length=0", "rescore.pack_length=0"]),
 }
 
 

@@ -100,10 +100,10 @@ def get_base() -> ml_collections.ConfigDict:
   u.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
   u.remat = True  # rematerialize each layer in the backward pass (memory for compute)
   u.dtype = "float32"  # compute dtype of the training forward
-  # Pack step-samples several to a row (seed_jax/packing.py) instead of padding each to the longest; a
-  # micro-batch then holds at most micro_batch_size x (padded prompt + response) positions, the padded one's
-  # memory. Serves teacher "old"; "current" keeps the padded layout.
-  u.pack = True
+  # > 0: step-samples packed several to a row of this many tokens (seed_jax/packing.py) instead of one padded
+  # row each; a micro-batch then holds at most micro_batch_size x (padded prompt + response) positions, the
+  # padded one's memory. Serves teacher "old"; "current" keeps the padded layout. 0: padded rows.
+  u.pack_length = 1536
 
   c.sampler = ml_collections.ConfigDict()
   c.sampler.dtype = "float32"  # "bfloat16": bf16 weights and KV cache in generation (fp32 logits/softmax)
@@ -113,8 +113,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.rescore.max_rows = 64  # contexts x samples per forward pass
   c.rescore.vocab_chunk = 128  # response positions per vocabulary-projection chunk
   c.rescore.dtype = "float32"
-  # > 0: every (context, sample) sequence is packed into rows (seed_jax/packing.py), at most this many
-  # positions per forward pass; 0: one padded row per sequence, max_rows per pass.
+  # > 0: every (context, sample) sequence packed into rows of this many tokens (seed_jax/packing.py), at most
+  # pack_tokens positions per forward pass; 0: one padded row per sequence, max_rows per pass.
+  c.rescore.pack_length = 1536
   c.rescore.pack_tokens = 16384
   # "auto": π_old's log-probs are the sampler's own when they are the same numbers (fp32 sampling and scoring),
   # saving the ordinary context's forward; "rescore": always re-score it.

@@ -41,19 +41,22 @@ def experiment_config() -> ml_collections.ConfigDict:
   invalid actions in one such update (AMD EPYC, lr 3e-5)."""
   c = get_config("")
   c.env.game_params.coin = "numLocations=4,includeDoors=0,numDistractorItems=0"
-  c.env.max_steps, c.env.history_length, c.env.history_obs_chars = 6, 2, 200
+  c.env.history_length, c.env.history_obs_chars = 2, 200
   c.env.require_think = False
-  # 4 tasks x 4 rollouts: with 2 tasks most updates had only homogeneous groups (no advantage at all)
-  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 4, 4, 16
+  # 2 tasks x 8 rollouts, 8 steps: with 4 rollouts and 6 steps every group of a pilot was homogeneous (a task
+  # always solved or never: no advantage at all); longer episodes and larger groups let a hard task's group
+  # hold a success.
+  c.env.max_steps = 8
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 2, 8, 16
   c.model.max_prompt_tokens = 768
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 128
   c.learner.minibatch_size, c.learner.micro_batch_size = 32, 8
-  c.learner.lr = 2e-5  # a few updates of a 135M model: the paper's 1e-6 (3B, 150 updates) would barely move it
+  c.learner.lr = 3e-5  # a few updates of a 135M model: the paper's 1e-6 (3B, 150 updates) would barely move it
   c.objectives.entropy_coef, c.objectives.kl_coef = 0.0, 0.0
   c.warmstart.before_rl = True
   stage1.cpu_warmstart(c)
   c.warmstart.num_tasks, c.warmstart.reasoning = 8, False
-  c.train.num_updates = 6
+  c.train.num_updates = 4
   c.eval.every, c.eval.max_tasks, c.eval.at_start = 2, 16, True
   return c
 

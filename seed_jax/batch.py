@@ -98,7 +98,7 @@ def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layou
                      skill_logp: Sequence[np.ndarray] | None) -> tuple[MiniBatch, TokenCount]:
   """Rows `idx` packed by `layout` (packing.plan_layout over their prompt + response lengths, in idx order):
   the per-sample arrays in slot order; empty slots have no response tokens, zero advantage, no OPD. Also the
-  token positions it costs (all rows x L; slots x R scored) against the real ones."""
+  token positions it costs (the rows of non-empty micro-batches x L; slots x R scored) against the real ones."""
   idx = list(idx)
   pick = lambda xs: [xs[i] for i in idx]
   rows, resp, rmask, slot_of = packing.fill_rows(layout, pick(samples.prompts), pick(samples.responses), R)
@@ -110,7 +110,7 @@ def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layou
                  opd_mask_B=packing.in_slots(samples.opd_mask_N[idx], slot_of, S, False, bool),
                  micro_batches=len(layout.groups))
   resp_real = sum(len(samples.responses[i]) for i in idx)
-  tokens = TokenCount(prompt_forwarded=layout.rows * layout.length - resp_real,
+  tokens = TokenCount(prompt_forwarded=layout.computed_rows * layout.length - resp_real,
                       prompt_real=sum(len(samples.prompts[i]) for i in idx), response_forwarded=S * R,
                       response_real=resp_real, rows_forwarded=S, rows_real=len(idx))
   return mb, tokens

@@ -52,7 +52,7 @@ _POSITIVE = ("rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_
              "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
 _NON_NEGATIVE = ("train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
                  "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
-                 "rescore.pack_tokens")
+                 "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
 
 def mesh_presets() -> list[str]:

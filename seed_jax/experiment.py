@@ -197,6 +197,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, arms: Sequence[str], seeds
         continue
       print(f"seed_jax.experiment: {arm} seed {seed} -> {rundir}")
       out = pipeline.train(run_config(cfg, arm, seed, model_path), rundir)
+      if out["stopped"]:  # not finished: the next call resumes this run
+        from seed_jax.infra.stop import exit_after_stop
+        exit_after_stop(out, rundir)
       with open(os.path.join(rundir, DONE_FILE), "w") as f:
         json.dump({k: v for k, v in out["metrics"].items() if isinstance(v, (int, float))}, f, indent=2)
       write_outputs(workdir, arms, seeds)

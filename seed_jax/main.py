@@ -75,7 +75,13 @@ def main(argv):
   from seed_jax import pipeline
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
   print(f"seed_jax: workdir {os.path.abspath(workdir)}")
-  out = pipeline.train(cfg, workdir)
+  try:
+    out = pipeline.train(cfg, workdir)
+  except pipeline.WorkdirError as e:
+    sys.exit(f"workdir error: {e}")
+  if out["stopped"]:
+    from seed_jax.infra.stop import exit_after_stop
+    exit_after_stop(out, workdir)
   m = out["metrics"]
   print(f"seed_jax: done. metrics {os.path.join(workdir, cfg.log.jsonl_name)}, TensorBoard {os.path.join(workdir, cfg.log.tb_subdir)}, "
         f"checkpoints {os.path.join(workdir, 'checkpoints')}, skills/trajectories {os.path.join(workdir, cfg.log.dump_subdir)}")

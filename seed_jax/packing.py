@@ -6,9 +6,9 @@ restart at 0, no attention across segments: models/transformer.py), so every res
 one the padded layout gives. The sequences' scored responses are then gathered into *slots* [S, R], the same
 per-sample layout the loss reads, so nothing downstream changes.
 
-L is chosen per call from a bounded set (multiples of LENGTH_QUANTUM growing by ~1.5x) to minimize the FLOPs
-of the padded rows, attention included (longer rows waste less at the end but attend over more keys); row and
-slot counts come from the same kind of set, so a run compiles a bounded number of programs.
+The row length is a setting (learner.pack_length, rescore.pack_length): long enough for several step-samples
+per row, short enough that attention over the row stays a small part of the FLOPs. Row, group and slot counts
+come from a geometric set, so a run compiles few programs (each XLA:CPU compile of the update costs minutes).
 """
 from __future__ import annotations
 
@@ -18,9 +18,6 @@ from typing import Sequence
 import numpy as np
 
 from seed_jax.models.logprobs import PackedRows
-from seed_jax.models.spec import ModelSpec
-
-LENGTH_QUANTUM = 128
 
 
 def geometric_sizes(hi: int) -> list[int]:
@@ -34,15 +31,6 @@ def geometric_sizes(hi: int) -> list[int]:
 
 def size_at_least(n: int) -> int:
   return next(s for s in geometric_sizes(n) if s >= n)
-
-
-def flops_per_token(spec: ModelSpec, seq_len: int, with_logits: bool = True) -> float:
-  """2 x matmul weights (+ the vocabulary projection) plus causal attention (QK and PV over (T+1)/2 keys on
-  average) per token of a forward over rows of `seq_len` tokens."""
-  D, H, K, hd, F = spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim
-  per_layer = D * H * hd + 2 * D * K * hd + H * hd * D + 3 * D * F
-  matmul = spec.n_layers * per_layer + (spec.dim * spec.vocab_size if with_logits else 0)
-  return 2 * matmul + spec.n_layers * 4 * H * hd * (seq_len + 1) / 2
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -77,37 +65,28 @@ class Layout:
   def slots(self) -> int:
     return len(self.groups) * self.slots_per_group
 
+  @property
+  def computed_rows(self) -> int:
+    """Rows of the groups that hold sequences: trailing empty groups (group-count padding) are skipped."""
+    return sum(1 for g in self.groups if g) * self.rows_per_group
 
-def plan_layout(lengths: Sequence[int], spec: ModelSpec, *, group_tokens: int, max_len: int,
-                group_multiple: int = 1, row_multiple: int = 1) -> Layout:
-  """The cheapest layout of sequences of `lengths` into groups of at most `group_tokens` positions (a
-  micro-batch's or a pass's memory budget), rows of a length L >= the longest sequence. The group count is a
-  multiple of `group_multiple` from geometric_sizes, rows and slots per group multiples of `row_multiple`
-  (data-parallel shards), so the shapes a run sees stay few."""
+
+def plan_layout(lengths: Sequence[int], *, length: int, group_tokens: int, row_multiple: int = 1) -> Layout:
+  """Sequences of `lengths` into rows of `length` tokens (the next power of two when a sequence is longer),
+  first fit, longest first; rows fill groups of at most `group_tokens` positions (a micro-batch's or a
+  re-score pass's memory) in order, so padding groups are empty and skipped. Row, group and slot counts come from geometric_sizes (rows and slots in multiples
+  of `row_multiple`, the data-parallel shards), and slots are at least one per 256 row tokens, so successive
+  updates, whose lengths differ a little, reuse the same compiled shapes."""
   if not lengths:
     raise ValueError("nothing to pack")
-  longest = max(lengths)
-  if longest > max_len:
-    raise ValueError(f"a sequence of {longest} tokens exceeds the packing limit of {max_len}")
-  lo = -(-longest // LENGTH_QUANTUM)
-  best = None
-  for k in geometric_sizes(-(-max_len // LENGTH_QUANTUM)):
-    if k < lo:
-      continue
-    L = min(k * LENGTH_QUANTUM, max(max_len, longest))
-    rows = first_fit_decreasing(lengths, L)
-    per_group = max(row_multiple, group_tokens // L // row_multiple * row_multiple)
-    n_groups = group_multiple * size_at_least(-(-len(rows) // per_group // group_multiple) or 1)
-    per_group = row_multiple * -(-len(rows) // n_groups // row_multiple)  # spread the rows evenly
-    cost = n_groups * per_group * L * flops_per_token(spec, L, with_logits=False)
-    if best is None or cost < best[0]:
-      best = (cost, L, rows, n_groups, per_group)
-    if L >= max_len:
-      break
-  _, L, rows, n_groups, per_group = best
+  L = max(length, 1 << (max(lengths) - 1).bit_length())
+  rows = first_fit_decreasing(lengths, L)
+  cap = max(row_multiple, group_tokens // L // row_multiple * row_multiple)
+  per_group = min(cap, row_multiple * size_at_least(-(-len(rows) // row_multiple)))
+  n_groups = size_at_least(-(-len(rows) // per_group))
   groups = tuple(tuple(tuple(r) for r in rows[g * per_group:(g + 1) * per_group]) for g in range(n_groups))
-  slots = row_multiple * size_at_least(-(-max(sum(len(r) for r in g) for g in groups) // row_multiple))
-  return Layout(L, groups, per_group, slots)
+  need = max(max(sum(len(r) for r in g) for g in groups), per_group * L // 256)
+  return Layout(L, groups, per_group, row_multiple * size_at_least(-(-need // row_multiple)))
 
 
 def fill_rows(layout: Layout, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

@@ -23,6 +23,7 @@ from seed_jax.envs.pool import EnvPool
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
+from seed_jax.infra import stop as stop_lib
 from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
@@ -83,7 +84,7 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
       max_rows=cfg.rescore.max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
-      pack_tokens=cfg.rescore.pack_tokens), mesh)
+      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
   loss_cfg = effective_loss_config(cfg)
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
@@ -139,13 +140,17 @@ def analysis_active(cfg, u: int) -> bool:
   return bool(a.enabled) and u >= a.start_update and (a.stop_update < 0 or u < a.stop_update)
 
 
-def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter) -> tuple[Any, dict]:
-  """One SEED update: rollout -> analyze -> collect -> re-score -> advantages -> PPO -> report."""
+def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter,
+              stop: stop_lib.StopSignals | None = None) -> tuple[Any, dict]:
+  """One SEED update: rollout -> analyze -> collect -> re-score -> advantages -> PPO -> report. With `stop`,
+  a requested stop raises StopRequested before each phase up to the PPO step (the state is then unchanged)."""
   cfg = rt.cfg
+  check = stop.check if stop is not None else lambda: None
   key = jax.random.fold_in(jax.random.key(cfg.seed), u)
   timer = writer.phase_timer()
   tokens: dict[str, TokenCount] = {}  # per phase; rollout and analysis share the sampler's counter
   before = rt.sampler.tokens.copy()
+  check()
   with timer.phase("rollout"):
     trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0))
   tokens["rollout"] = rt.sampler.tokens - before
@@ -157,6 +162,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   analysis = None
   if analysis_active(cfg, u):
     before = rt.sampler.tokens.copy()
+    check()
     with timer.phase("analysis"):
       analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
     tokens["analysis"] = rt.sampler.tokens - before
@@ -165,6 +171,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
                                       cfg.model.max_prompt_tokens)
   before = rt.rescorer.tokens.copy()
+  check()
   with timer.phase("rescore"):
     old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
   tokens["rescore"] = rt.rescorer.tokens - before
@@ -173,6 +180,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
+  check()
   with timer.phase("update"):
     state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, adv_N, old_logp, ref_logp, skill_logp, key)
   metrics.update(upd)
@@ -255,7 +263,6 @@ def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples
   m["compiles/update"] = rt.update_compiles.count
   for phase in ("rollout", "analysis", "rescore", "update"):
     m.update(tokens.get(phase, TokenCount()).metrics(f"tokens/{phase}"))
-  m["env/restarts"] = rt.pool.restarts
   return m
 
 
@@ -266,7 +273,7 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
   cfg = rt.cfg
   N, micro = len(samples), cfg.learner.micro_batch_size
   skill_prompts = rt.teacher.update_reads_skill_prompts
-  pack = cfg.learner.pack and not skill_prompts  # teacher "current" scores both contexts in the padded layout
+  pack = cfg.learner.pack_length > 0 and not skill_prompts  # teacher "current" scores both contexts in the padded layout
   data = rt.mesh.shape["data"] * rt.mesh.shape["fsdp"]
   Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
   R_pack = bucket(max(map(len, samples.responses)), pow2_sizes(16, max(16, R)), "response length")
@@ -281,8 +288,9 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
     for start in range(0, N, per):
       idx = order[start:start + per]
       if pack:
-        layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx], rt.spec,
-                                     group_tokens=micro * (Pn + R), max_len=micro * (Pn + R), row_multiple=data)
+        layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx],
+                                     length=cfg.learner.pack_length, group_tokens=micro * (Pn + R),
+                                     row_multiple=data)
         mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
                                            ref_logp=ref_logp, skill_logp=skill_logp)
         shape = ("packed", len(layout.groups), layout.rows_per_group, layout.length, layout.slots_per_group, R_pack)
@@ -362,45 +370,88 @@ def _evaluate_record(rt: Runtime, writer: MetricsWriter, params, done: int) -> d
   return out
 
 
+def check_workdir(workdir: str) -> None:
+  """The run folder exists (created here) and takes files: one clear error before anything is loaded."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_probe")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise WorkdirError(f"workdir {workdir!r} is not usable: {e.strerror or e}") from None
+
+
+class WorkdirError(ValueError):
+  pass
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """The resumable RL loop; returns the last update's metrics (and the final eval's). Evaluations are records of
-  their own at step = updates done (0 = the starting weights, with eval.at_start)."""
+  """The resumable RL loop; returns the last update's metrics (and the final eval's), the state, and `stopped`
+  (the signal's name when SIGTERM/SIGINT ended it early, after saving the last completed update). Evaluations
+  are records of their own at step = updates done (0 = the starting weights, with eval.at_start)."""
+  check_workdir(workdir)
   if cfg.warmstart.before_rl:
     from seed_jax import warmstart
     cfg = warmstart.with_warm_policy(cfg)
-  os.makedirs(workdir, exist_ok=True)
   rt = build(cfg)
   is_writer = distributed.is_writer()  # [scale]
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
+  total = cfg.train.num_updates
   try:
-    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
-    if cfg.mesh.ref_params_memory == "pinned_host":  # [scale] the frozen KL reference waits in host RAM
-      rt.init_params = mesh_lib.with_memory_kind(rt.init_params, "pinned_host")
-    start, history = 0, []
-    if ckpt.latest_step() is not None:
-      state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
-      start, history = int(meta["next_update"]), list(meta.get("history", []))
-      log.info("resumed from %s at update %d", workdir, start)
-    last: dict[str, Any] = {}
-    if cfg.eval.at_start and start == 0:
-      _evaluate_record(rt, writer, state.params, 0)
-    for u in range(start, cfg.train.num_updates):
-      t0 = time.time()
-      state, metrics = rl_update(rt, state, u, writer)
-      metrics["time/update_total_s"] = time.time() - t0
-      last = writer.write(u, metrics)
-      log.info("%s", summary_line(u, cfg.train.num_updates, last))
-      if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < cfg.train.num_updates:
-        _evaluate_record(rt, writer, state.params, u + 1)
-      history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
-      ckpt.save(u + 1, state, metadata=dict(next_update=u + 1, task_position=(u + 1) * cfg.rollout.tasks_per_update,
-                                            history=history), force=u + 1 == cfg.train.num_updates)
-    if cfg.eval.at_end and cfg.train.num_updates > start:
-      last.update(_evaluate_record(rt, writer, state.params, cfg.train.num_updates))
-    ckpt.wait()
-    return {"metrics": last, "state": state}
+    with stop_lib.StopSignals() as stop:
+      state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
+      if cfg.mesh.ref_params_memory == "pinned_host":  # [scale] the frozen KL reference waits in host RAM
+        rt.init_params = mesh_lib.with_memory_kind(rt.init_params, "pinned_host")
+      start, history, restarts_before = 0, [], 0
+      if ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
+        start, history = int(meta["next_update"]), list(meta.get("history", []))
+        restarts_before = int(meta.get("env_restarts", 0))
+        log.info("resumed from %s after %d updates (next: update %d/%d)", workdir, start, start + 1, total)
+      if writer.rewind(start):
+        log.info("metrics: dropped the records after the last checkpoint (they are redone)")
+      last: dict[str, Any] = {}
+      if cfg.eval.at_start and start == 0:
+        _evaluate_record(rt, writer, state.params, 0)
+      saved, restarts_seen = start, 0
+      meta = lambda done: dict(next_update=done, task_position=done * cfg.rollout.tasks_per_update, history=history,
+                               env_restarts=restarts_before + rt.pool.restarts)
+      for u in range(start, total):
+        t0 = time.time()
+        try:
+          state, metrics = rl_update(rt, state, u, writer, stop)
+        except stop_lib.StopRequested as e:  # state is still that of update u - 1, the last one completed
+          return _stop(ckpt, state, u, saved, meta, e.signame, last)
+        metrics["time/update_total_s"] = time.time() - t0
+        metrics["env/restarts"] = rt.pool.restarts - restarts_seen
+        metrics["env/restarts_total"] = restarts_before + rt.pool.restarts
+        restarts_seen = rt.pool.restarts
+        last = writer.write(u, metrics)
+        log.info("%s", summary_line(u, total, last))
+        if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < total:
+          _evaluate_record(rt, writer, state.params, u + 1)
+        history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
+        if ckpt.save(u + 1, state, metadata=meta(u + 1), force=u + 1 == total):
+          saved = u + 1
+        if stop.requested and u + 1 < total:
+          return _stop(ckpt, state, u + 1, saved, meta, stop.requested, last)
+      if cfg.eval.at_end and total > start:
+        last.update(_evaluate_record(rt, writer, state.params, total))
+      ckpt.wait()
+      return {"metrics": last, "state": state, "stopped": None}
   finally:
     ckpt.close()
     writer.close()
     rt.close()
+
+
+def _stop(ckpt, state, done: int, saved: int, meta, signame: str, last) -> dict[str, Any]:
+  """Ends the loop after `done` completed updates: their checkpoint is written (if the save interval skipped
+  it) and committed before returning."""
+  if done > saved:
+    ckpt.save(done, state, metadata=meta(done), force=True)
+  ckpt.wait()
+  log.info("stopped by %s after %d updates; checkpoint %d saved", signame, done, done)
+  return {"metrics": last, "state": state, "stopped": signame, "updates_done": done}

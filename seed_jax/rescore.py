@@ -55,7 +55,8 @@ class RescorerConfig:
   max_response_len: int = 1024
   vocab_chunk: int  # response positions per vocabulary-projection chunk
   dtype: str
-  pack_tokens: int = 0  # > 0: sequences packed into rows, at most this many positions per forward pass
+  pack_length: int = 0  # > 0: sequences packed into rows of this length (0: one padded row each)
+  pack_tokens: int = 16384  # packed: at most this many positions per forward pass
 
 
 class Rescorer:
@@ -80,7 +81,7 @@ class Rescorer:
     C, N = len(contexts), len(responses)
     if any(len(ctx) != N for ctx in contexts):
       raise ValueError(f"every context needs one prompt per response ({N})")
-    if self.cfg.pack_tokens > 0:
+    if self.cfg.pack_length > 0:
       return self._score_packed(params, contexts, responses, temperature, with_entropy)
     logps = [[None] * N for _ in range(C)]
     ents = [[None] * N for _ in range(C)]
@@ -103,23 +104,26 @@ class Rescorer:
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
     data = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    layout = packing.plan_layout([len(p) + len(r) for p, r in zip(prompts, resps)], self.spec,
-                                 group_tokens=self.cfg.pack_tokens, row_multiple=data,
-                                 max_len=self.cfg.max_prompt_len + self.cfg.max_response_len)
+    layout = packing.plan_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
+                                 group_tokens=self.cfg.pack_tokens, row_multiple=data)
     R = bucket(max(1, max(map(len, responses))), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
     rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R)
     W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
     resp_real = C * sum(map(len, responses))
-    self.tokens.add(TokenCount(prompt_forwarded=layout.rows * L - resp_real, prompt_real=sum(map(len, prompts)),
-                               response_forwarded=layout.slots * R, response_real=resp_real,
-                               rows_forwarded=layout.slots, rows_real=C * N))
+    self.tokens.add(TokenCount(prompt_forwarded=layout.computed_rows * L - resp_real, prompt_real=sum(map(len, prompts)),
+                               response_forwarded=sum(1 for g in layout.groups if g) * S * R,
+                               response_real=resp_real, rows_forwarded=layout.slots, rows_real=C * N))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
     if self.compiles.see(("rescore_packed", W, L, S, R, with_entropy)):
       log.info("compiling rescore: %d packed rows of %d, %d slots, response %d", W, L, S, R)
     lp_out, en_out = [], []
     for g in range(len(layout.groups)):
+      if not layout.groups[g]:  # group-count padding: nothing to score
+        lp_out.append(np.zeros((S, R), np.float32))
+        en_out.append(np.zeros((S, R), np.float32))
+        continue
       part = lambda x, n: x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
                          part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))

@@ -163,7 +163,14 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
 
     def body(carry, mb):
       grads, sums = carry
-      (_, metrics), g = loss_fn(state.params, mb, norm, temperature)
+
+      def run(_):
+        (_, metrics), g = loss_fn(state.params, mb, norm, temperature)
+        return g, metrics
+
+      # A micro-batch without response tokens (bucket padding) adds exactly nothing: skip its forward/backward.
+      g, metrics = jax.lax.cond(jnp.any(mb.rmask_BR), run, lambda _: (zeros(state.params), zeros(metrics_shape)),
+                                None)
       return (jax.tree.map(jnp.add, grads, g), losses.accumulate_metrics(sums, metrics)), None
 
     (grads, sums), _ = jax.lax.scan(body, (zeros(state.params), zeros(metrics_shape)), micro)

@@ -19,8 +19,6 @@ from seed_jax.rescore import Rescorer, RescorerConfig
 SPEC = ModelSpec("LlamaForCausalLM", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                  ffn_dim=48)
 PARAMS = tf.init_params(SPEC, 3)
-SMOLLM2_135M = ModelSpec("LlamaForCausalLM", vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3,
-                         head_dim=64, ffn_dim=1536)  # shapes only: the layout's FLOP model at the default size
 
 
 def _ragged(n, lo, hi, seed):
@@ -35,25 +33,29 @@ def test_geometric_sizes():
 
 def test_layout_places_every_sequence_once_within_budget():
   lengths = [len(p) for p in _ragged(37, 20, 300, 0)]
-  lay = packing.plan_layout(lengths, SPEC, group_tokens=2048, max_len=2048, row_multiple=2)
+  lay = packing.plan_layout(lengths, length=512, group_tokens=2048, row_multiple=2)
   placed = sorted(i for g in lay.groups for r in g for i in r)
   assert placed == list(range(37))
-  assert lay.rows_per_group * lay.length <= max(2048, 2 * lay.length) and lay.rows_per_group % 2 == 0
+  assert lay.length == 512 and lay.rows_per_group == 4 and lay.rows_per_group * lay.length <= 2048
   assert all(sum(lengths[i] for i in r) <= lay.length for g in lay.groups for r in g)
   assert all(len(g) <= lay.rows_per_group and sum(map(len, g)) <= lay.slots_per_group for g in lay.groups)
-  assert lay.slots_per_group % 2 == 0
-  with pytest.raises(ValueError, match="exceeds the packing limit of 256"):
-    packing.plan_layout([300], SPEC, group_tokens=1024, max_len=256)
+  assert lay.slots_per_group % 2 == 0 and lay.slots_per_group >= 4 * 512 // 256
+  assert packing.plan_layout([700, 20], length=512, group_tokens=4096).length == 1024  # a longer sequence
 
 
-def test_layout_fill_at_step_sample_lengths():
-  """48 step-samples of 230-330 tokens in micro-batches of 8 x 576 padded positions (SmolLM2-135M's FLOP
-  model): >= 85 % of the packed positions are real (the padded layout: 48 x 576, 49 %)."""
+def test_layout_fill_and_stable_shapes_at_step_sample_lengths():
+  """Updates of 40-56 step-samples of 230-330 tokens, micro-batches of 8 x 576 padded positions, rows of
+  1536: a median >= 80 % (each >= 70 %) of the computed packed positions are real (the padded layout: 49 %),
+  and 20 such updates compile at most 3 update shapes."""
   rng = np.random.default_rng(1)
-  lengths = [int(x) for x in rng.integers(230, 330, 48)]
-  lay = packing.plan_layout(lengths, SMOLLM2_135M, group_tokens=8 * 576, max_len=8 * 576)
-  real = sum(lengths) / (lay.rows * lay.length)
-  assert real >= 0.85, (real, lay.length, lay.rows)
+  shapes, fills = set(), []
+  for _ in range(20):
+    lengths = [int(x) for x in rng.integers(230, 330, int(rng.integers(40, 57)))]
+    lay = packing.plan_layout(lengths, length=1536, group_tokens=8 * 576)
+    fills.append(sum(lengths) / (lay.computed_rows * lay.length))
+    shapes.add((len(lay.groups), lay.rows_per_group, lay.length, lay.slots_per_group))
+  assert np.median(fills) >= 0.8 and min(fills) >= 0.7, fills
+  assert len(shapes) <= 3, shapes
 
 
 def test_fill_rows_segments_positions_and_slots():
@@ -78,7 +80,8 @@ def test_packed_rescore_equals_padded():
   prompts, resps = _ragged(11, 3, 200, 0), _ragged(11, 1, 20, 1)
   ctx_b = [p[::-1] for p in prompts]
   padded = Rescorer(SPEC, 0, RescorerConfig(max_rows=8, vocab_chunk=8, dtype="float32"))
-  packed = Rescorer(SPEC, 0, RescorerConfig(max_rows=8, vocab_chunk=8, dtype="float32", pack_tokens=512))
+  packed = Rescorer(SPEC, 0, RescorerConfig(max_rows=8, vocab_chunk=8, dtype="float32", pack_length=256,
+                                            pack_tokens=512))
   la, ea = padded.score(PARAMS, [prompts, ctx_b], resps, 0.7, with_entropy=True)
   lb, eb = packed.score(PARAMS, [prompts, ctx_b], resps, 0.7, with_entropy=True)
   for c in range(2):
@@ -115,8 +118,7 @@ def test_packed_update_equals_padded(agg_mode):
   Pn, R = batch_lib.shapes_for(s)
   padded = batch_lib.minibatch(s, idx, 12, Pn, R, 0, adv_N=adv, old_logp=old, ref_logp=ref, skill_logp=skill,
                                with_skill_prompts=False)
-  lay = packing.plan_layout([len(s.prompts[i]) + len(s.responses[i]) for i in idx], SPEC, group_tokens=128,
-                            max_len=128)
+  lay = packing.plan_layout([len(s.prompts[i]) + len(s.responses[i]) for i in idx], length=128, group_tokens=256)
   assert len(lay.groups) >= 2
   packed, tokens = batch_lib.packed_minibatch(s, idx, lay, 16, adv_N=adv, old_logp=old, ref_logp=ref,
                                               skill_logp=skill)

@@ -2,6 +2,8 @@
 kill-and-resume, the analyzer-off GRPO case, and config errors (the train step itself: test_update.py)."""
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -129,6 +131,48 @@ def test_resume_after_interruption_equals_uninterrupted_run(full_run, tiny_model
     for k, v in a.items():
       if not k.startswith(("time/", "wall_time", "rollout/tokens_per_s")):
         assert b[k] == v, k
+
+
+def test_sigterm_saves_the_last_update_and_resume_matches(full_run, tiny_model_dir, analyst_url, tmp_path):
+  """SIGTERM to a `seed_jax.main` run during its second update: it ends at the next safe point with one line
+  and exit status 143, checkpoint and metrics.jsonl agree (one record per finished update), and resuming gives
+  the uninterrupted run's parameters."""
+  workdir = str(tmp_path / "run")
+  cfg_file = tmp_path / "cfg.py"
+  cfg_file.write_text(f"import sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                      f"from test_pipeline import _config\n\n\ndef get_config():\n"
+                      f"  return _config({tiny_model_dir!r}, {analyst_url!r}, num_updates=3)\n")
+  proc = subprocess.Popen([sys.executable, "-m", "seed_jax.main", f"--config={cfg_file}", f"--workdir={workdir}"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    for line in proc.stderr:
+      if "update 1/3:" in line:
+        break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+  assert "Traceback" not in err
+  stopped = [line for line in out.splitlines() if line.startswith("seed_jax: stopped by SIGTERM after ")]
+  assert len(stopped) == 1, out
+  done = int(re.search(r"after (\d+) updates", stopped[0]).group(1))
+  assert done in (1, 2)
+  assert [r["step"] for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == list(range(done))
+  resumed = pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full_run[1]["state"].params, resumed["state"].params)
+  assert [r["step"] for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == [0, 1]
+
+
+def test_unusable_workdir_is_one_line_before_loading(tmp_path):
+  (tmp_path / "file").write_text("x")
+  proc = subprocess.run([sys.executable, "-m", "seed_jax.main", "--config=configs/textworld_express.py",
+                         f"--workdir={tmp_path / 'file' / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert f"workdir error: workdir '{tmp_path / 'file' / 'run'}' is not usable: Not a directory" in proc.stderr
+  assert "compiling" not in proc.stderr  # nothing was loaded
 
 
 def test_analyzer_off_means_plain_grpo():

@@ -71,8 +71,7 @@ class MetricsWriter:
     if not is_writer:
       return
     os.makedirs(workdir, exist_ok=True)
-    # Appending keeps the history across restarts; a resumed run may repeat steps after its last checkpoint,
-    # readers keep the last line per step.
+    # Appending keeps the history across restarts; `rewind` drops what a resumed run redoes.
     self._jsonl = open(os.path.join(workdir, cfg.jsonl_name), "a", encoding="utf-8")
     if cfg.tensorboard:
       import tensorboardX  # pylint: disable=import-outside-toplevel
@@ -107,6 +106,32 @@ class MetricsWriter:
     if self._wandb is not None:
       self._wandb.log(finite, step=int(step))
     return record
+
+  def rewind(self, next_update: int) -> int:
+    """Drops the records a run resuming at `next_update` will write again (updates from `next_update` on,
+    evaluations after more updates than that, and the at-start evaluation when nothing was saved), so
+    metrics.jsonl holds one record per finished update and evaluation. Returns how many were dropped."""
+    if not self.is_writer:
+      return 0
+    path = os.path.join(self.workdir, self.cfg.jsonl_name)
+    self._jsonl.close()
+    with open(path, encoding="utf-8") as f:
+      lines = [line for line in f if line.strip()]
+    keep = []
+    for line in lines:
+      try:
+        r = json.loads(line)
+      except json.JSONDecodeError:  # a line cut off by a kill: redone
+        continue
+      is_eval = "eval/updates_done" in r
+      if r["step"] < next_update or (is_eval and 0 < next_update == r["step"]):
+        keep.append(line)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(keep)
+    os.replace(tmp, path)
+    self._jsonl = open(path, "a", encoding="utf-8")
+    return len(lines) - len(keep)
 
   def phase_timer(self) -> "PhaseTimer":
     """A timer whose bars show on the writer process only, when metrics.progress is on and stdout is a TTY."""

@@ -125,3 +125,12 @@ class ModelSpec:
     out = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
     out = np.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), mid, out)
     return out.astype(np.float32)
+
+
+def forward_flops_per_token(spec: ModelSpec, seq_len: int, with_logits: bool = True) -> float:
+  """2 x matmul weights (+ the vocabulary projection) plus causal attention (QK and PV over (T+1)/2 keys on
+  average) per token of a forward over rows of `seq_len` tokens."""
+  D, H, K, hd, F = spec.dim, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_dim
+  per_layer = D * H * hd + 2 * D * K * hd + H * hd * D + 3 * D * F
+  matmul = spec.n_layers * per_layer + (spec.dim * spec.vocab_size if with_logits else 0)
+  return 2 * matmul + spec.n_layers * 4 * H * hd * (seq_len + 1) / 2

@@ -75,6 +75,31 @@ def test_append_across_restarts(tmp_path):
   assert steps == [1, 2]
 
 
+def test_rewind_keeps_one_record_per_finished_update(tmp_path):
+  """A run killed after writing update 2's record but before checkpoint 3 resumes at update 2: that record,
+  the evaluation after 3 updates and a line cut off by the kill go; the evaluation after 2 updates (of the
+  weights checkpoint 2 holds) and everything earlier stay."""
+  cfg = base.get_base().log
+  with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
+    w.write(0, {"eval/updates_done": 0, "eval/x": 0.0})
+    for step in (0, 1, 2):
+      w.write(step, {"x": float(step)})
+      if step == 1:
+        w.write(2, {"eval/updates_done": 2, "eval/x": 2.0})
+    w.write(3, {"eval/updates_done": 3, "eval/x": 3.0})
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 3, "x"')  # cut off
+  with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
+    assert w.rewind(2) == 3
+    w.write(2, {"x": 20.0})
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], "eval/x" in r) for r in rows] == [(0, True), (0, False), (1, False), (2, True), (2, False)]
+  assert rows[-1]["x"] == 20.0
+  with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
+    assert w.rewind(0) == 5  # nothing saved: every record is redone, the at-start evaluation too
+  assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
 def test_bad_metric_values_raise(tmp_path):
   with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=_no_tb()) as w:
     with pytest.raises(ValueError, match="'vec' must be a real scalar"):

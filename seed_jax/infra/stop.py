@@ -1,0 +1,65 @@
+"""SIGTERM / SIGINT as a request to stop at the next safe point.
+
+A preempted spot or queued TPU VM gets SIGTERM and some seconds before it goes; Ctrl-C is SIGINT. The first
+signal only sets a flag: the training loop checks it between phases (`check`) and, once it is set, saves the
+last completed update's checkpoint, closes the envs and ends with one line. A second signal ends the process
+at once, with one line and no traceback.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequested(Exception):
+  """Raised by `StopSignals.check` at a safe point once a stop signal has arrived."""
+
+  def __init__(self, signame: str):
+    super().__init__(f"stop requested by {signame}")
+    self.signame = signame
+
+
+class StopSignals:
+  """While active (a context manager; main thread only, elsewhere a no-op), the first SIGTERM/SIGINT sets
+  `requested` (the signal's name); `check()` raises StopRequested from then on."""
+
+  def __init__(self):
+    self.requested: str | None = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    name = signal.Signals(signum).name
+    if self.requested is not None:
+      sys.stderr.write(f"seed_jax: second {name}: exiting now, without a checkpoint of the current update\n")
+      sys.stderr.flush()
+      os._exit(128 + signum)  # no interpreter shutdown: it can hang or crash inside native JAX/JVM threads
+    self.requested = name
+    sys.stderr.write(f"seed_jax: {name} received: stopping at the next safe point (again to exit now)\n")
+    sys.stderr.flush()
+
+  def check(self) -> None:
+    if self.requested is not None:
+      raise StopRequested(self.requested)
+
+  def __enter__(self) -> "StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      for s in SIGNALS:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for s, h in self._previous.items():
+      signal.signal(s, h)
+    self._previous.clear()
+
+
+def exit_after_stop(out: dict, workdir: str) -> None:
+  """One line for a run (pipeline.train's result) that a signal ended early, then the signal's exit status."""
+  print(f"seed_jax: stopped by {out['stopped']} after {out['updates_done']} updates, checkpoint saved in "
+        f"{os.path.join(workdir, 'checkpoints')}; the same command with --workdir={workdir} resumes", flush=True)
+  sys.exit(128 + int(getattr(signal, out["stopped"])))
