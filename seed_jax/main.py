@@ -73,11 +73,12 @@ def main(argv):
     run_stage1(cfg)
     return
   from seed_jax import pipeline
+  from seed_jax.infra import preflight
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
   print(f"seed_jax: workdir {os.path.abspath(workdir)}")
   try:
     out = pipeline.train(cfg, workdir)
-  except pipeline.WorkdirError as e:
+  except preflight.WorkdirError as e:
     sys.exit(f"workdir error: {e}")
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop

@@ -23,6 +23,7 @@ from seed_jax.envs.pool import EnvPool
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
+from seed_jax.infra import preflight
 from seed_jax.infra import stop as stop_lib
 from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.models import tokenizer as tokenizer_lib
@@ -370,30 +371,15 @@ def _evaluate_record(rt: Runtime, writer: MetricsWriter, params, done: int) -> d
   return out
 
 
-def check_workdir(workdir: str) -> None:
-  """The run folder exists (created here) and takes files: one clear error before anything is loaded."""
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_probe")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise WorkdirError(f"workdir {workdir!r} is not usable: {e.strerror or e}") from None
-
-
-class WorkdirError(ValueError):
-  pass
-
-
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The resumable RL loop; returns the last update's metrics (and the final eval's), the state, and `stopped`
   (the signal's name when SIGTERM/SIGINT ended it early, after saving the last completed update). Evaluations
   are records of their own at step = updates done (0 = the starting weights, with eval.at_start)."""
-  check_workdir(workdir)
+  preflight.check_workdir(workdir)
   if cfg.warmstart.before_rl:
     from seed_jax import warmstart
     cfg = warmstart.with_warm_policy(cfg)
+  preflight.check_disk(workdir, cfg)
   rt = build(cfg)
   is_writer = distributed.is_writer()  # [scale]
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())

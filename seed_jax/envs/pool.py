@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -23,12 +24,15 @@ from seed_jax.envs.base import EnvError, EnvFamily, Observation, StepResult, Tas
 _CTX = mp.get_context("spawn")  # no fork: the driver may hold JAX threads and device state
 _TRACEBACK_CHARS = 4000
 
+log = logging.getLogger(__name__)
+
 
 def _worker_main(family: EnvFamily, cfg: Any, conn: Connection) -> None:
   """Worker loop: build one env, then answer ("reset", (task,)), ("step", (action,)), ("gold_actions", ())
   with ("ok", result) or ("error", traceback) until ("close", ()) or the driver goes away."""
   os.setpgrp()
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  logging.getLogger("py4j").setLevel(logging.CRITICAL)  # a dead JVM is reported once, by the driver
   env, init_error = None, None
   try:
     env = family.make_env(cfg)
@@ -194,7 +198,9 @@ class EnvPool:
         raise RuntimeError(f"env worker {i} failed to start: {payload}")
       w.awaiting_ready = False
 
-  def _restart(self, i: int) -> None:
+  def _restart(self, i: int, why: EnvError) -> None:
+    first_line = why.message.strip().splitlines()[0] if why.message.strip() else ""
+    log.warning("env %d %s, restarting its worker: %s", i, why.kind, first_line[:200])
     self._workers[i].kill()
     self._workers[i] = _Worker(self.family, self.cfg)
     self.restarts += 1
@@ -211,7 +217,7 @@ class EnvPool:
         w.conn.send(msg)
       except (OSError, ValueError) as e:
         out[i] = EnvError("crashed", f"env {i}: worker unreachable ({e!r})")
-        self._restart(i)
+        self._restart(i, out[i])
         continue
       pending[w.conn] = i
       deadlines[i] = now + timeout_s + (self.start_timeout_s if w.awaiting_ready else 0.0)
@@ -225,7 +231,7 @@ class EnvPool:
         except (EOFError, OSError):
           del pending[conn]
           out[i] = EnvError("crashed", f"env {i}: worker died (exit code {w.proc.exitcode})")
-          self._restart(i)
+          self._restart(i, out[i])
           continue
         if w.awaiting_ready and status == "ready":
           w.awaiting_ready = False
@@ -236,13 +242,13 @@ class EnvPool:
           out[i] = payload
         else:  # the simulator may be left half-broken (e.g. its JVM died under it): start afresh
           out[i] = EnvError("exception", f"env {i}: {payload}")
-          self._restart(i)
+          self._restart(i, out[i])
       now = time.monotonic()
       for conn, i in list(pending.items()):
         if now >= deadlines[i]:
           del pending[conn]
           out[i] = EnvError("timeout", f"env {i}: no reply to {requests[i][0]!r} in time ({timeout_s:.0f} s)")
-          self._restart(i)
+          self._restart(i, out[i])
     return out
 
 
