@@ -421,9 +421,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
         if ckpt.save(u + 1, state, metadata=meta(u + 1), force=u + 1 == total):
           saved = u + 1
-        if stop.requested and u + 1 < total:
+        if stop.requested:  # the final evaluation too is left for the resumed run
           return _stop(ckpt, state, u + 1, saved, meta, stop.requested, last)
-      if cfg.eval.at_end and total > start:
+      if cfg.eval.at_end and (total > start or not writer.has_record(total, "eval/updates_done")):
         last.update(_evaluate_record(rt, writer, state.params, total))
       ckpt.wait()
       return {"metrics": last, "state": state, "stopped": None}

@@ -133,6 +133,21 @@ class MetricsWriter:
     self._jsonl = open(path, "a", encoding="utf-8")
     return len(lines) - len(keep)
 
+  def has_record(self, step: int, key: str) -> bool:
+    """Whether metrics.jsonl holds a record at `step` with `key` (e.g. an evaluation already taken)."""
+    if not self.is_writer:
+      return False
+    self._jsonl.flush()
+    with open(os.path.join(self.workdir, self.cfg.jsonl_name), encoding="utf-8") as f:
+      for line in f:
+        try:
+          r = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if r.get("step") == step and key in r:
+          return True
+    return False
+
   def phase_timer(self) -> "PhaseTimer":
     """A timer whose bars show on the writer process only, when metrics.progress is on and stdout is a TTY."""
     return PhaseTimer(progress=bool(self.cfg.progress and self.is_writer and sys.stdout.isatty()))

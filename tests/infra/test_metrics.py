@@ -96,6 +96,8 @@ def test_rewind_keeps_one_record_per_finished_update(tmp_path):
   assert [(r["step"], "eval/x" in r) for r in rows] == [(0, True), (0, False), (1, False), (2, True), (2, False)]
   assert rows[-1]["x"] == 20.0
   with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
+    assert w.has_record(2, "eval/updates_done") and not w.has_record(3, "eval/updates_done")
+  with metrics.MetricsWriter(str(tmp_path), is_writer=True, cfg=cfg) as w:
     assert w.rewind(0) == 5  # nothing saved: every record is redone, the at-start evaluation too
   assert (tmp_path / "metrics.jsonl").read_text() == ""
 
