@@ -439,5 +439,6 @@ def _stop(ckpt, state, done: int, saved: int, meta, signame: str, last) -> dict[
   if done > saved:
     ckpt.save(done, state, metadata=meta(done), force=True)
   ckpt.wait()
-  log.info("stopped by %s after %d updates; checkpoint %d saved", signame, done, done)
+  log.info("stopped by %s after %d updates; %s", signame, done,
+           f"checkpoint {done} saved" if done else "no update finished, nothing saved")
   return {"metrics": last, "state": state, "stopped": signame, "updates_done": done}

@@ -60,6 +60,8 @@ class StopSignals:
 
 def exit_after_stop(out: dict, workdir: str) -> None:
   """One line for a run (pipeline.train's result) that a signal ended early, then the signal's exit status."""
-  print(f"seed_jax: stopped by {out['stopped']} after {out['updates_done']} updates, checkpoint saved in "
-        f"{os.path.join(workdir, 'checkpoints')}; the same command with --workdir={workdir} resumes", flush=True)
+  saved = (f"checkpoint saved in {os.path.join(workdir, 'checkpoints')}" if out["updates_done"]
+           else "no update had finished")
+  print(f"seed_jax: stopped by {out['stopped']} after {out['updates_done']} updates, {saved}; the same command "
+        f"with --workdir={workdir} resumes", flush=True)
   sys.exit(128 + int(getattr(signal, out["stopped"])))
