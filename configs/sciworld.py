@@ -41,7 +41,7 @@ def cpu_default(c):
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 96
   c.learner.minibatch_size, c.learner.micro_batch_size = 16, 4
   # learner.remat stays on: without it one update over packed rows of 1536 tokens ran 674 s against 76 s with it
-  # (8 vs 9 rows, AMD EPYC under load): XLA:CPU keeps every layer's attention for the backward pass
+  # (8 vs 9 rows, AMD EPYC; the slower run shared the cores with another job), keeping every layer's attention
   c.train.num_updates = 2
   c.eval.every, c.eval.max_tasks = 0, 4
   c.sampler.max_batch = 16

@@ -109,10 +109,7 @@ def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layou
                  ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp),
                  opd_mask_B=packing.in_slots(samples.opd_mask_N[idx], slot_of, S, False, bool),
                  micro_batches=len(layout.groups))
-  resp_real = sum(len(samples.responses[i]) for i in idx)
-  tokens = TokenCount(prompt_forwarded=layout.computed_rows * layout.length - resp_real,
-                      prompt_real=sum(len(samples.prompts[i]) for i in idx), response_forwarded=S * R,
-                      response_real=resp_real, rows_forwarded=S, rows_real=len(idx))
+  tokens = layout.tokens(sum(len(samples.prompts[i]) for i in idx), sum(len(samples.responses[i]) for i in idx), R)
   return mb, tokens
 
 

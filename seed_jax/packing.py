@@ -8,7 +8,7 @@ per-sample layout the loss reads, so nothing downstream changes.
 
 The row length is a setting (learner.pack_length, rescore.pack_length): long enough for several step-samples
 per row, short enough that attention over the row stays a small part of the FLOPs. Row, group and slot counts
-come from a geometric set, so a run compiles few programs (each XLA:CPU compile of the update costs minutes).
+come from a geometric set, so a run compiles few programs (an XLA:CPU compile of the update took 8-106 s here).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from seed_jax.buckets import TokenCount
 from seed_jax.models.logprobs import PackedRows
 
 
@@ -58,10 +59,6 @@ class Layout:
   slots_per_group: int
 
   @property
-  def rows(self) -> int:
-    return len(self.groups) * self.rows_per_group
-
-  @property
   def slots(self) -> int:
     return len(self.groups) * self.slots_per_group
 
@@ -69,6 +66,14 @@ class Layout:
   def computed_rows(self) -> int:
     """Rows of the groups that hold sequences: trailing empty groups (group-count padding) are skipped."""
     return sum(1 for g in self.groups if g) * self.rows_per_group
+
+  def tokens(self, prompt_real: int, response_real: int, resp_len: int) -> TokenCount:
+    """What a forward over this layout costs against the real tokens: the computed rows' positions (prompt
+    part = all of them but the responses) and the computed groups' slots x resp_len scored positions."""
+    computed_slots = sum(1 for g in self.groups if g) * self.slots_per_group
+    return TokenCount(prompt_forwarded=self.computed_rows * self.length - response_real, prompt_real=prompt_real,
+                      response_forwarded=computed_slots * resp_len, response_real=response_real,
+                      rows_forwarded=computed_slots, rows_real=sum(len(r) for g in self.groups for r in g))
 
 
 def plan_layout(lengths: Sequence[int], *, length: int, group_tokens: int, row_multiple: int = 1) -> Layout:

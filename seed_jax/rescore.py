@@ -110,10 +110,7 @@ class Rescorer:
                "response length")
     rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R)
     W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
-    resp_real = C * sum(map(len, responses))
-    self.tokens.add(TokenCount(prompt_forwarded=layout.computed_rows * L - resp_real, prompt_real=sum(map(len, prompts)),
-                               response_forwarded=sum(1 for g in layout.groups if g) * S * R,
-                               response_real=resp_real, rows_forwarded=layout.slots, rows_real=C * N))
+    self.tokens.add(layout.tokens(sum(map(len, prompts)), C * sum(map(len, responses)), R))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
     if self.compiles.see(("rescore_packed", W, L, S, R, with_entropy)):

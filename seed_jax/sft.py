@@ -26,7 +26,7 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax import stage1
+from seed_jax import packing, stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.config import check_choice
@@ -94,21 +94,6 @@ class Packed:
   kmask_RK: Any
 
 
-def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-  """Indices per row: longest first, each into the first row with room."""
-  rows: list[list[int]] = []
-  fill: list[int] = []
-  for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-    r = next((r for r, f in enumerate(fill) if f + lengths[i] <= capacity), None)
-    if r is None:
-      rows.append([])
-      fill.append(0)
-      r = len(rows) - 1
-    rows[r].append(i)
-    fill[r] += lengths[i]
-  return rows
-
-
 def pack(examples: Sequence[Example], max_len: int, min_len_bucket: int = 64, micro_rows: int = 1) -> Packed:
   """Packs one step's records into rows whose length is a power-of-two bucket (min_len_bucket .. max_len) of
   the longest record; the row count is micro_rows times a power of two and the loss slots a power of two, so
@@ -120,7 +105,7 @@ def pack(examples: Sequence[Example], max_len: int, min_len_bucket: int = 64, mi
   if too_long:
     raise ValueError(f"records of {too_long} tokens exceed sft.max_len={max_len}")
   L = bucket(max(map(len, examples)), pow2_sizes(min(min_len_bucket, max_len), max_len), "record length")
-  layout = _first_fit_decreasing([len(e) for e in examples], L)
+  layout = packing.first_fit_decreasing([len(e) for e in examples], L)
   R = micro_rows * (1 << (-(-len(layout) // micro_rows) - 1).bit_length())
   tokens, positions, segment = (np.zeros((R, L), np.int32) for _ in range(3))
   loss = np.zeros((R, L), bool)
