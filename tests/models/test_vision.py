@@ -1,0 +1,216 @@
+"""Qwen2.5-VL (models/vision.py, models/vlm.py, models/vlm_weights.py) against transformers'
+Qwen2_5_VLForConditionalGeneration (PyTorch CPU, fp32, eager attention) on a tiny random checkpoint, and the
+host-side checks that need no reference."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seed_jax.models import transformer as tf
+from seed_jax.models import vision, vlm, vlm_weights
+from seed_jax.models.spec import ModelSpec
+from seed_jax.models.vision import VisionSpec
+
+IMAGE, VSTART, VEND = 250, 252, 253
+# Vision: 4 blocks, full attention at 1 and 3; window_size 56 = 2x2 merged units (4x4 patches) per window.
+VISION_CFG = dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, window_size=56,
+                  fullatt_block_indexes=[1, 3])
+TEXT_CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1,
+                eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]))
+GRIDS = [(1, 8, 8), (1, 6, 10)]  # 4 windows; 3x5 units -> 6 windows, 4 of them partial
+
+
+def tiny_vls() -> vlm.VLSpec:
+  text = ModelSpec("Qwen2ForCausalLM", vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                   ffn_dim=96, mrope_section=(2, 3, 3))
+  vs = VisionSpec(depth=4, dim=32, n_heads=2, ffn_dim=48, out_dim=64, full_attention_blocks=(1, 3), window_size=56)
+  return vlm.VLSpec(text, vs, IMAGE, 251, VSTART, VEND)
+
+
+def prompt(vls, grids, text=(5, 6)) -> list[int]:
+  """Text, then each image wrapped in vision start/end, then text."""
+  ids = list(text)
+  for i, g in enumerate(grids):
+    ids += [VSTART] + [IMAGE] * vision.num_merged(vls.vision, g) + [VEND, 7 + i]
+  return ids + [9, 10, 11]
+
+
+def pixels(grids, seed=0):
+  return np.random.default_rng(seed).standard_normal((vision.num_patches(grids), 1176)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def hf_vl(tmp_path_factory):
+  import torch
+  import transformers as T
+  cfg = T.Qwen2_5_VLConfig(vision_config=VISION_CFG, text_config=TEXT_CFG, image_token_id=IMAGE, video_token_id=251,
+                           vision_start_token_id=VSTART, vision_end_token_id=VEND)
+  cfg._attn_implementation = "eager"
+  torch.manual_seed(0)
+  model = T.Qwen2_5_VLForConditionalGeneration(cfg).eval()
+  with torch.no_grad():  # untouched norms are ones and biases zeros: perturb them so they are really tested
+    for name, p in model.named_parameters():
+      if "norm" in name or "ln_q" in name or name.endswith("bias"):
+        p.add_(0.1 * torch.randn_like(p))
+  path = str(tmp_path_factory.mktemp("qwen2_5_vl"))
+  model.save_pretrained(path)
+  return model, path
+
+
+def _hf_forward(model, tokens_BT, valid_BT, pix, grids):
+  import torch
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(tokens_BT, dtype=torch.long), attention_mask=torch.tensor(valid_BT),
+                 pixel_values=torch.tensor(pix), image_grid_thw=torch.tensor(grids),
+                 mm_token_type_ids=torch.tensor((tokens_BT == IMAGE).astype(np.int64))).logits.numpy()
+
+
+@pytest.mark.slow
+def test_vision_tower_matches_transformers(hf_vl):
+  import torch
+  model, path = hf_vl
+  vls, params = vlm_weights.load_hf(path)
+  assert vls.vision.full_attention_blocks == (1, 3)
+  inputs = vision.vision_inputs(vls.vision, GRIDS)
+  assert len(np.unique(inputs.window_segment_N)) == 10 and len(np.unique(inputs.full_segment_N)) == 2
+  pix = pixels(GRIDS)
+  with torch.no_grad():
+    ref = model.model.visual(torch.tensor(pix), grid_thw=torch.tensor(GRIDS)).pooler_output.numpy()
+  ours = np.asarray(jax.jit(vision.encode, static_argnums=1)(params["vision"], vls.vision, pix, inputs))
+  assert ours.shape == (31, 64)
+  assert np.abs(ours - ref).max() <= 1e-5  # measured 8e-8 (values up to 0.3)
+
+
+@pytest.mark.slow
+def test_merged_input_embeddings_match_transformers(hf_vl):
+  import torch
+  model, path = hf_vl
+  vls, params = vlm_weights.load_hf(path)
+  tokens = np.array([prompt(vls, GRIDS)], np.int32)
+  pix = pixels(GRIDS, 1)
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    embeds = model.model.get_input_embeddings()(ids)
+    rows = torch.cat(model.model.get_image_features(torch.tensor(pix), torch.tensor(GRIDS)).pooler_output)
+    mask, _ = model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=rows)
+    ref = embeds.masked_scatter(mask, rows).numpy()
+  inputs, _ = vlm.prepare(vls, tokens, GRIDS)
+  ours = np.asarray(jax.jit(vlm.input_embeddings, static_argnums=1)(params, vls, tokens, pix, inputs))
+  assert np.abs(ours - ref).max() <= 1e-5
+
+
+CASES = {"one_image": [[0]], "two_images": [[0, 1]], "two_rows_left_padded": [[1], [0]]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_positions_match_transformers(hf_vl, case):
+  import torch
+  model, path = hf_vl
+  vls, params = vlm_weights.load_hf(path)
+  rows = [prompt(vls, [GRIDS[i] for i in images]) for images in CASES[case]]
+  grids = [GRIDS[i] for images in CASES[case] for i in images]
+  T = max(map(len, rows))
+  tokens = np.zeros((len(rows), T), np.int32)
+  valid = np.zeros((len(rows), T), np.int64)
+  for b, r in enumerate(rows):
+    tokens[b, T - len(r):], valid[b, T - len(r):] = r, 1
+  pix = pixels(grids, 2)
+  ref = _hf_forward(model, tokens, valid, pix, grids)
+  inputs, deltas = vlm.prepare(vls, tokens, grids, valid)
+  with torch.no_grad():
+    ref_pos, ref_deltas = model.model.get_rope_index(torch.tensor(tokens, dtype=torch.long),
+                                                     torch.tensor((tokens == IMAGE).astype(np.int64)),
+                                                     torch.tensor(grids), attention_mask=torch.tensor(valid))
+  m = valid.astype(bool)
+  np.testing.assert_array_equal(inputs.positions_3BT[:, m], ref_pos.numpy()[:, m])
+  np.testing.assert_array_equal(deltas, ref_deltas.numpy()[:, 0])
+  ours = np.asarray(jax.jit(vlm.logits, static_argnums=1)(params, vls, tokens, valid.astype(np.int32), pix, inputs))
+  assert np.abs(ours[m] - ref[m]).max() <= 1e-4  # measured ~2e-7 (logits up to ~0.7)
+
+
+def _rename_to_transformers4(src, dst):
+  """The checkpoint in transformers 4.5x's key layout, split into two shards with an index."""
+  from safetensors.numpy import load_file, save_file
+  tensors = load_file(os.path.join(src, "model.safetensors"))
+  renamed = {("model." + k if k.startswith("visual.") else k.replace("model.", "model.language_model.", 1)): v
+             for k, v in tensors.items()}
+  names = sorted(renamed)
+  shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+  os.makedirs(dst)
+  for fname, keys in shards.items():
+    save_file({k: renamed[k] for k in keys}, os.path.join(dst, fname), metadata={"format": "pt"})
+  with open(os.path.join(dst, "model.safetensors.index.json"), "w") as f:
+    json.dump({"weight_map": {k: fname for fname, keys in shards.items() for k in keys}}, f)
+  with open(os.path.join(src, "config.json")) as f, open(os.path.join(dst, "config.json"), "w") as g:
+    g.write(f.read())
+
+
+@pytest.mark.slow
+def test_export_round_trip_and_both_key_layouts(hf_vl, tmp_path):
+  import transformers
+  model, path = hf_vl
+  vls, params = vlm_weights.load_hf(path)
+  vlm_weights.export_hf(params, vls, str(tmp_path / "export"))
+  vls2, params2 = vlm_weights.load_hf(str(tmp_path / "export"))
+  assert vls2 == vls
+  same = lambda a, b: jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+  same(params, params2)
+  _rename_to_transformers4(path, str(tmp_path / "t4"))
+  same(params, vlm_weights.load_hf(str(tmp_path / "t4"))[1])
+  reloaded = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+      str(tmp_path / "export"), attn_implementation="eager").eval()
+  tokens = np.array([prompt(vls, GRIDS)], np.int32)
+  valid = np.ones_like(tokens, np.int64)
+  pix = pixels(GRIDS, 3)
+  np.testing.assert_array_equal(_hf_forward(reloaded, tokens, valid, pix, GRIDS),
+                                _hf_forward(model, tokens, valid, pix, GRIDS))
+
+
+# ------------------------------------------------------------------ no reference needed
+
+
+def test_placeholder_count_mismatch_is_one_clear_error():
+  vls = tiny_vls()
+  tokens = np.array([prompt(vls, GRIDS)], np.int32)  # 16 + 15 placeholders
+  with pytest.raises(ValueError, match=r"31 image placeholder tokens \(id 250\) but its 1 image\(s\) give 16 feature rows"):
+    vlm.prepare(vls, tokens, GRIDS[:1])
+  fewer = tokens[:, tokens[0] != IMAGE][:, :20]
+  with pytest.raises(ValueError, match=r"0 image placeholder tokens .* 2 image\(s\) give 31 feature rows"):
+    vlm.prepare(vls, fewer, GRIDS)
+  with pytest.raises(ValueError, match=r"image grid \(1, 7, 8\) must be"):
+    vision.vision_inputs(vls.vision, [(1, 7, 8)])
+
+
+def test_text_positions_as_three_equal_axes_are_bit_identical():
+  vls = tiny_vls()
+  params = tf.init_params(vls.text, 0)
+  tokens = np.random.default_rng(0).integers(0, 250, (2, 12)).astype(np.int32)
+  pos = np.tile(np.arange(12, dtype=np.int32), (2, 1))
+  seg = np.ones_like(tokens)
+  run = jax.jit(lambda p, pos: tf.forward(params, vls.text, tokens, pos, seg)[0])
+  np.testing.assert_array_equal(np.asarray(run(params, pos)), np.asarray(run(params, np.stack([pos] * 3))))
+  with pytest.raises(ValueError, match="need a spec with mrope_section"):
+    tf.forward(params, ModelSpec("Qwen2ForCausalLM", 256, 64, 2, 4, 2, 16, 96), tokens, np.stack([pos] * 3), seg)
+
+
+def test_chunked_prefill_with_images_equals_one_forward():
+  vls = tiny_vls()
+  params = vlm.init_params(vls, 0)
+  tokens = np.array([prompt(vls, GRIDS)], np.int32)
+  seg = np.ones_like(tokens)
+  pix = pixels(GRIDS, 4)
+  inputs, _ = vlm.prepare(vls, tokens, GRIDS)
+  full, _ = jax.jit(vlm.forward, static_argnums=1)(params, vls, tokens, seg, pix, inputs)
+
+  @jax.jit
+  def chunked(params, pix, inputs):
+    rows = vision.encode(params["vision"], vls.vision, pix, inputs.vision)
+    return tf.prefill(params["lm"], vls.text, tokens, inputs.positions_3BT, seg, 64, chunk=8,
+                      embeds=(inputs.index_BT, rows))[0]
+
+  np.testing.assert_allclose(np.asarray(chunked(params, pix, inputs)), np.asarray(full), atol=2e-5)
