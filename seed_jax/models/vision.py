@@ -76,7 +76,8 @@ class VisionSpec:
                out_dim=vc["out_hidden_size"], full_attention_blocks=tuple(vc["fullatt_block_indexes"]),
                patch_size=vc.get("patch_size", 14), temporal_patch_size=vc.get("temporal_patch_size", 2),
                merge_size=vc.get("spatial_merge_size", 2), window_size=vc.get("window_size", 112),
-               in_channels=vc.get("in_channels", vc.get("in_chans", 3)), rope_theta=float(rope.get("rope_theta", 10000.0)),
+               in_channels=vc.get("in_channels", vc.get("in_chans", 3)),  # "in_chans" in Hub configs
+               rope_theta=float(rope.get("rope_theta", 10000.0)),
                tokens_per_second=int(vc.get("tokens_per_second", 4)))
 
   def to_hf_config(self) -> dict[str, Any]:

@@ -99,8 +99,8 @@ def rope_index(vls: VLSpec, tokens_BT: np.ndarray, grids: Sequence[Grid],
   """Qwen2.5-VL's 3-D rotary positions: int32 [3, B, T] and the per-row offset [B] that decoding adds to
   ordinary positions (next position = tokens so far + offset).
 
-  Text tokens step all three axes by one. An image's placeholders (llm grid t x h' x w', h' = h / merge)
-  sit at start + (frame, row, column); the text after it resumes at start + max(h', w'). Padding
+  Text tokens step all three axes by one. An image is one run of placeholders (llm grid t x h' x w',
+  h' = h / merge) at start + (frame, row, column); the text after it resumes at start + max(h', w'). Padding
   (valid_BT == 0) gets position 0. `grids`: all rows' images in row-major order."""
   tokens_BT = np.asarray(tokens_BT)
   B, T = tokens_BT.shape
@@ -121,8 +121,10 @@ def rope_index(vls: VLSpec, tokens_BT: np.ndarray, grids: Sequence[Grid],
         continue
       t, h, w = next(images)
       n = t * (h // m) * (w // m)
-      if not np.all(row[i:i + n] == vls.image_token_id):
-        raise ValueError(f"row {b}: an image of grid {(t, h, w)} needs {n} consecutive placeholder tokens")
+      run = np.argmax(np.append(row[i:] != vls.image_token_id, True))  # consecutive placeholders from i
+      if run != n:  # one run per image, as transformers reads them
+        raise ValueError(f"row {b}: {run} consecutive image placeholder tokens at {i}, but the image there "
+                         f"(grid {(t, h, w)}) gives {n} feature rows")
       tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h // m), np.arange(w // m), indexing="ij")
       pos[:, i:i + n] = np.stack([tt, hh, ww]).reshape(3, -1) + current
       i, current = i + n, current + max(h, w) // m

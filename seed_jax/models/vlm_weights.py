@@ -59,7 +59,8 @@ def load_hf(path: str, mesh=None) -> tuple[VLSpec, Params]:
 
   blocks = {name: np.stack([read(f"{visual}blocks.{i}.{hf}", kind, vshapes["blocks"][name][1:])
                             for i in range(vs.depth)]) for name, (hf, kind) in _HF_BLOCK.items()}
-  merger = {name: read(f"{visual}merger.{hf}", kind, vshapes["merger"][name]) for name, (hf, kind) in _HF_MERGER.items()}
+  merger = {name: read(f"{visual}merger.{hf}", kind, vshapes["merger"][name])
+            for name, (hf, kind) in _HF_MERGER.items()}
   patch = tensor(f"{visual}{_PATCH}")
   vision_params = {"patch_embed": weights._to_ours(patch.reshape(patch.shape[0], -1), "in", vshapes["patch_embed"],
                                                    f"{visual}{_PATCH}"), "blocks": blocks, "merger": merger}

@@ -192,11 +192,15 @@ def test_export_round_trip_and_both_key_layouts(hf_vl, tmp_path):
 def test_placeholder_count_mismatch_is_one_clear_error():
   vls = tiny_vls()
   tokens = np.array([prompt(vls, GRIDS)], np.int32)  # 16 + 15 placeholders
-  with pytest.raises(ValueError, match=r"31 image placeholder tokens \(id 250\) but its 1 image\(s\) give 16 feature rows"):
+  more = r"31 image placeholder tokens \(id 250\) but its 1 image\(s\) give 16 feature rows"
+  with pytest.raises(ValueError, match=more):
     vlm.prepare(vls, tokens, GRIDS[:1])
-  fewer = tokens[:, tokens[0] != IMAGE][:, :20]
-  with pytest.raises(ValueError, match=r"0 image placeholder tokens .* 2 image\(s\) give 31 feature rows"):
+  fewer = np.delete(tokens, np.flatnonzero(tokens[0] == IMAGE)[:3], axis=1)
+  with pytest.raises(ValueError, match=r"28 image placeholder tokens .* 2 image\(s\) give 31 feature rows"):
     vlm.prepare(vls, fewer, GRIDS)
+  swapped = r"row 0: 16 consecutive image placeholder tokens at 3, but the image there \(grid \(1, 6, 10\)\) gives 15"
+  with pytest.raises(ValueError, match=swapped):
+    vlm.prepare(vls, tokens, GRIDS[::-1])  # the right total, in the wrong order
   with pytest.raises(ValueError, match=r"image grid \(1, 7, 8\) must be"):
     vision.vision_inputs(vls.vision, [(1, 7, 8)])
 
@@ -268,3 +272,26 @@ def test_bf16_tower_tracks_fp32():
   f32 = np.asarray(run(params, vls.vision, pixels(GRIDS), inputs, jnp.float32))
   bf16 = np.asarray(run(params, vls.vision, pixels(GRIDS), inputs, jnp.bfloat16))
   assert bf16.dtype == np.float32 and np.abs(bf16 - f32).max() <= 0.02 * np.abs(f32).max()
+
+
+def test_decoding_after_an_image_prompt_uses_text_positions_plus_the_offset():
+  vls = tiny_vls()
+  params = vlm.init_params(vls, 2)
+  prompt_ids = prompt(vls, GRIDS)
+  tokens = np.array([prompt_ids + [42]], np.int32)
+  pix = pixels(GRIDS, 5)
+  inputs, _ = vlm.prepare(vls, tokens, GRIDS)
+  full, _ = jax.jit(vlm.forward, static_argnums=1)(params, vls, tokens, np.ones_like(tokens), pix, inputs)
+
+  T = len(prompt_ids)
+  p_inputs, deltas = vlm.prepare(vls, tokens[:, :T], GRIDS)
+
+  @jax.jit
+  def prefill_then_step(params, pix, p_inputs, next_positions):
+    rows = vision.encode(params["vision"], vls.vision, pix, p_inputs.vision)
+    _, cache = tf.prefill(params["lm"], vls.text, tokens[:, :T], p_inputs.positions_3BT, np.ones((1, T), np.int32),
+                          T + 4, embeds=(p_inputs.index_BT, rows))
+    return tf.forward(params["lm"], vls.text, tokens[:, T:], next_positions, np.ones((1, 1), np.int32), cache)[0]
+
+  step = prefill_then_step(params, pix, p_inputs, np.array([[T]]) + deltas[:, None])  # 2-D: all axes equal
+  np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, T]), atol=2e-5)
