@@ -42,6 +42,9 @@ class ModelSpec:
   max_seq_len: int = 4096
   bos_token_id: int | None = None
   eos_token_id: int | None = None
+  # Multimodal rotary (Qwen2.5-VL): the head_dim/2 frequencies split into (t, h, w) sections, each rotated by
+  # its own axis of [3, B, T] positions. None: positions are [B, T] (text models).
+  mrope_section: tuple[int, ...] | None = None
   # How the cache-less forward attends (an execution choice, not architecture; config.model.attention):
   # "blocked": query blocks against every key up to their end, scores materialized (fastest for short rows);
   # "xla_blockwise": models/attention.py, online softmax over key tiles of attention_block slots, O(T) memory;
@@ -78,6 +81,8 @@ class ModelSpec:
       raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+    if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
+      raise ValueError(f"mrope_section {self.mrope_section} must sum to head_dim / 2 = {self.head_dim // 2}")
 
   @classmethod
   def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":

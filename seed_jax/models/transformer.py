@@ -15,6 +15,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from seed_jax.infra.mesh import constrain
@@ -292,22 +293,44 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, seg
   return constrain(x_BTD, ("batch", "length", "embed")), kv
 
 
-def _embed(params: Params, spec: ModelSpec, tokens_BT, positions_BT):
-  """fp32 embeddings and the RoPE cos/sin tables of the given positions."""
+def embed_tokens(params: Params, tokens_BT, embeds=None):
+  """fp32 input embeddings [B, T, D]. `embeds` (index_BT, rows_ND), e.g. image features: a token with
+  index_BT >= 0 takes row index_BT of rows_ND instead of its token embedding (static shapes: N is fixed)."""
   x_BTD = jnp.take(params["embed"], tokens_BT, axis=0).astype(jnp.float32)
-  x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+  if embeds is not None:
+    index_BT, rows_ND = embeds
+    rows_BTD = jnp.take(rows_ND, jnp.maximum(index_BT, 0), axis=0).astype(jnp.float32)
+    x_BTD = jnp.where((index_BT >= 0)[..., None], rows_BTD, x_BTD)
+  return x_BTD
+
+
+def rope_angles(spec: ModelSpec, positions_BT):
+  """Rotary angles [B, T, head_dim]. positions [B, T], or [3, B, T] (t, h, w) with spec.mrope_section: each
+  section of the frequencies takes its angle from its own axis (Qwen2.5-VL's multimodal rotary)."""
   inv_freq_h = jnp.asarray(spec.rope_inv_freq())
   angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq_h
-  angles_BTh = jnp.concatenate([angles_BTh, angles_BTh], axis=-1)
+  if positions_BT.ndim == 3:
+    if spec.mrope_section is None:
+      raise ValueError(f"positions of shape {positions_BT.shape} need a spec with mrope_section")
+    bounds = np.cumsum((0,) + tuple(spec.mrope_section))
+    angles_BTh = jnp.concatenate([angles_BTh[i % 3, ..., bounds[i]:bounds[i + 1]]
+                                  for i in range(len(spec.mrope_section))], axis=-1)
+  return jnp.concatenate([angles_BTh, angles_BTh], axis=-1)
+
+
+def _embed(params: Params, spec: ModelSpec, tokens_BT, positions_BT, embeds=None):
+  """fp32 embeddings and the RoPE cos/sin tables of the given positions."""
+  x_BTD = constrain(embed_tokens(params, tokens_BT, embeds), ("batch", "length", "embed"))
+  angles_BTh = rope_angles(spec, positions_BT)
   return x_BTD, jnp.cos(angles_BTh), jnp.sin(angles_BTh)
 
 
 def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, dtype, remat: bool,
-                 keep_kv: bool):
+                 keep_kv: bool, embeds=None):
   """The cache-less forward: `lax.scan` over the stacked layers (compiles once for all of them). Returns the
   final-normed hidden states and, if `keep_kv`, every layer's keys [L, B, K, hd, T] and values [L, B, K, T, hd]."""
   T = tokens_BT.shape[1]
-  x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT)
+  x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   slot = jnp.arange(T)
   mask_BTS = None if spec.blockwise(T) else (
       (slot[None, :, None] >= slot[None, None, :]) & (segment_BT[:, :, None] == segment_BT[:, None, :])
@@ -325,10 +348,11 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
 
 
 def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, cache: KVCache | None = None,
-            dtype=jnp.float32, remat: bool = False):
+            dtype=jnp.float32, remat: bool = False, embeds=None):
   """Final-normed hidden states [B, T, D] (fp32 residual stream) and the updated cache.
 
-  tokens_BT: int32 ids; positions_BT: int32 RoPE positions; segment_BT: int32, 0 = padding.
+  tokens_BT: int32 ids; positions_BT: int32 RoPE positions, [B, T] or [3, B, T] (see `rope_angles`);
+  segment_BT: int32, 0 = padding; embeds: rows replacing some tokens' embeddings (see `embed_tokens`).
   Without a cache, token t attends to tokens s <= t of its own segment. With a cache, the T tokens are
   written at slots [cache.end, cache.end + T) and attend to all earlier slots of their segment.
   dtype: compute dtype of the matmuls (fp32 or bf16); norms, softmax and the residual stay fp32.
@@ -336,10 +360,11 @@ def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   output; inside a decode loop pass the latter (from `decode_params`) so no step slices the weights.
   """
   if cache is None:
-    hidden_BTD, _ = _scan_layers(params, spec, tokens_BT, positions_BT, segment_BT, dtype, remat, keep_kv=False)
+    hidden_BTD, _ = _scan_layers(params, spec, tokens_BT, positions_BT, segment_BT, dtype, remat, keep_kv=False,
+                                 embeds=embeds)
     return hidden_BTD, None
   T = tokens_BT.shape[1]
-  x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT)
+  x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   S = cache.segment_BS.shape[1]
   seg_BS = jax.lax.dynamic_update_slice(cache.segment_BS, segment_BT.astype(jnp.int32), (0, cache.end))
   q_slot_T = cache.end + jnp.arange(T)
@@ -360,7 +385,7 @@ def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
 
 
 def prefill(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, length: int, dtype=jnp.float32,
-            chunk: int = 0):
+            chunk: int = 0, embeds=None):
   """The cache-less forward over a prompt (its attention spans only the prompt's T slots, not the cache's),
   keeping every layer's keys/values as a `length`-slot KVCache whose first T slots hold the prompt.
   Returns (final-normed hidden states [B, T, D], cache).
@@ -372,9 +397,9 @@ def prefill(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   if length < T:
     raise ValueError(f"cache length {length} is shorter than the prompt ({T} tokens)")
   if 0 < chunk < T:
-    return _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk)
+    return _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk, embeds)
   hidden_BTD, (k_LBKhT, v_LBKTh) = _scan_layers(params, spec, tokens_BT, positions_BT, segment_BT, dtype, False,
-                                                keep_kv=True)
+                                                keep_kv=True, embeds=embeds)
   pad = length - T
   k = tuple(jnp.pad(k_LBKhT[i], ((0, 0), (0, 0), (0, 0), (0, pad))) for i in range(spec.n_layers))
   v = tuple(jnp.pad(v_LBKTh[i], ((0, 0), (0, 0), (0, pad), (0, 0))) for i in range(spec.n_layers))
@@ -382,22 +407,27 @@ def prefill(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   return hidden_BTD, KVCache(k=k, v=v, segment_BS=segment_BS, end=jnp.asarray(T, jnp.int32))
 
 
-def _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk):
+def _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk, embeds=None):
   B, T = tokens_BT.shape
   first = T % chunk or chunk
   cache = KVCache.create(spec, B, length, dtype)
-  head = lambda x: x[:, :first]
-  hidden_BTD, cache = forward(params, spec, head(tokens_BT), head(positions_BT), head(segment_BT), cache, dtype)
+  index_BT, rows_ND = embeds if embeds is not None else (None, None)
+  with_rows = lambda index: None if embeds is None else (index, rows_ND)
+  head = lambda x: None if x is None else x[..., :first]  # slices the token axis (last: positions may be [3, B, T])
+  hidden_BTD, cache = forward(params, spec, head(tokens_BT), head(positions_BT), head(segment_BT), cache, dtype,
+                              embeds=with_rows(head(index_BT)))
   rest = (T - first) // chunk
   if not rest:
     return hidden_BTD, cache
-  split = lambda x: x[:, first:].reshape(B, rest, chunk).swapaxes(0, 1)
+  split = lambda x: None if x is None else jnp.moveaxis(x[..., first:].reshape(*x.shape[:-1], rest, chunk), -2, 0)
 
   def body(cache, xs):
-    hidden_BCD, cache = forward(params, spec, *xs, cache, dtype)
+    tokens, positions, segment, index = xs
+    hidden_BCD, cache = forward(params, spec, tokens, positions, segment, cache, dtype, embeds=with_rows(index))
     return cache, hidden_BCD
 
-  cache, hidden_nBCD = jax.lax.scan(body, cache, (split(tokens_BT), split(positions_BT), split(segment_BT)))
+  cache, hidden_nBCD = jax.lax.scan(body, cache, (split(tokens_BT), split(positions_BT), split(segment_BT),
+                                                  split(index_BT)))
   tail_BTD = hidden_nBCD.swapaxes(0, 1).reshape(B, T - first, -1)
   return jnp.concatenate([hidden_BTD, tail_BTD], axis=1), cache
 

@@ -96,8 +96,9 @@ def _assemble(spec: ModelSpec, read: Callable[[str, int | None], np.ndarray], pl
 # ---------------------------------------------------------------- Hugging Face folders
 
 
-def load_hf(path: str, mesh=None) -> tuple[ModelSpec, Params]:
-  """Loads a local HF checkpoint folder (config.json + model.safetensors or a sharded index)."""
+def open_hf_folder(path: str) -> tuple[dict[str, Any], Callable[[str], np.ndarray], set[str]]:
+  """A local HF checkpoint folder (config.json + model.safetensors or a sharded index): its config, a reader
+  of one fp32 tensor by name, and the names it holds."""
   from safetensors import safe_open
   if not os.path.isdir(path):
     raise FileNotFoundError(f"model folder not found: {path!r}")
@@ -105,27 +106,36 @@ def load_hf(path: str, mesh=None) -> tuple[ModelSpec, Params]:
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"no config.json in model folder {path!r}")
   with open(cfg_path) as f:
-    spec = ModelSpec.from_hf_config(json.load(f))
+    cfg = json.load(f)
   index = os.path.join(path, "model.safetensors.index.json")
+  handles: dict[str, Any] = {}
+
+  def handle(fname: str):
+    if fname not in handles:
+      handles[fname] = safe_open(os.path.join(path, fname), framework="numpy")
+    return handles[fname]
+
   if os.path.exists(index):
     with open(index) as f:
       weight_map = json.load(f)["weight_map"]
   elif os.path.exists(os.path.join(path, "model.safetensors")):
-    weight_map = None
+    weight_map = {k: "model.safetensors" for k in handle("model.safetensors").keys()}
   else:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
-  handles: dict[str, Any] = {}
 
   def tensor(key: str) -> np.ndarray:
-    fname = "model.safetensors" if weight_map is None else weight_map.get(key)
-    if fname is None:
+    fname = weight_map.get(key)
+    if fname is None or key not in handle(fname).keys():
       raise KeyError(f"tensor {key!r} missing from checkpoint {path!r}")
-    if fname not in handles:
-      handles[fname] = safe_open(os.path.join(path, fname), framework="numpy")
-    if key not in handles[fname].keys():
-      raise KeyError(f"tensor {key!r} missing from checkpoint {path!r}")
-    return handles[fname].get_tensor(key).astype(np.float32)
+    return handle(fname).get_tensor(key).astype(np.float32)
 
+  return cfg, tensor, set(weight_map)
+
+
+def load_hf(path: str, mesh=None) -> tuple[ModelSpec, Params]:
+  """Loads a local HF checkpoint folder (config.json + model.safetensors or a sharded index)."""
+  cfg, tensor, _ = open_hf_folder(path)
+  spec = ModelSpec.from_hf_config(cfg)
   shapes = transformer.param_shapes(spec)
 
   def read(name: str, layer: int | None) -> np.ndarray:
