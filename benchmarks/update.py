@@ -9,7 +9,9 @@ warm-up update compiles the programs; the measured update repeats update 0's tas
 its shapes (and buckets) are the warm-up's and it shows the steady state (`compiles.in_measured_update` says
 whether any program was still compiled inside it).
 
-Per phase: the token positions the device computed (`forwarded_tokens`: padded buckets) and the real ones,
+Per phase: `split` (rollout and analysis) is where the phase's time went: prefill_s and decode_s of the
+sampler's calls, env_s in the environment pool (rollout), host_s the rest (rendering and tokenizing prompts,
+parsing replies). Then the token positions the device computed (`forwarded_tokens`: padded buckets) and the real ones,
 from the pipeline's tokens/<phase>_* metrics, and `ideal_s`, the FLOPs of the real tokens over the peak.
 FLOPs per token are common.forward_flops_per_token at the phase's average row: prompt positions (prefill, or
 the scored rows' prompts) run causal attention over the prompt and no vocabulary projection; response
@@ -95,11 +97,17 @@ def phase_report(spec, m: dict[str, Any], phase: str, peak_gflops: float) -> dic
                                             t(f"rows_{kind}"))
   ideal, ideal_fwd = flops("real") / (peak_gflops * 1e9), flops("forwarded") / (peak_gflops * 1e9)
   rows = t("rows_real")
-  return dict(wall_s=round(wall, 3), forwarded_tokens=int(t("forwarded")), real_tokens=int(t("real")),
-              ideal_s=round(ideal, 3), ideal_over_actual=round(ideal / wall, 4) if wall else None,
-              ideal_forwarded_s=round(ideal_fwd, 3), rows=int(rows),
-              avg_prompt=round((t("real") - t("response_real")) / rows, 1) if rows else 0.0,
-              avg_response=round(t("response_real") / rows, 1) if rows else 0.0)
+  split = {k: float(m[f"time/{phase}_{k}"]) for k in ("prefill_s", "decode_s", "env_s") if f"time/{phase}_{k}" in m}
+  if split:  # where a generating phase's time goes; host_s: prompts, tokenizing, parsing, the analyzer's records
+    split["host_s"] = wall - sum(split.values())
+  out = dict(wall_s=round(wall, 3), forwarded_tokens=int(t("forwarded")), real_tokens=int(t("real")),
+             ideal_s=round(ideal, 3), ideal_over_actual=round(ideal / wall, 4) if wall else None,
+             ideal_forwarded_s=round(ideal_fwd, 3), rows=int(rows),
+             avg_prompt=round((t("real") - t("response_real")) / rows, 1) if rows else 0.0,
+             avg_response=round(t("response_real") / rows, 1) if rows else 0.0)
+  if split:
+    out["split"] = {k: round(v, 3) for k, v in split.items()}
+  return out
 
 
 def run_update(a) -> dict[str, Any]:

@@ -23,6 +23,18 @@ def pow2_sizes(lo: int, hi: int) -> tuple[int, ...]:
   return tuple(out + [hi])
 
 
+def prompt_sizes(lo: int, hi: int, fine_from: int = 512) -> tuple[int, ...]:
+  """Powers of two from lo up to `fine_from`, then four sizes per octave (512, 640, 768, 896, 1024, 1280, ...),
+  up to and including hi: a long prompt pads at most 25 % (a power of two: up to 100 %) for a few more
+  compiled programs, which the persistent compilation cache keeps across runs."""
+  out = [s for s in pow2_sizes(lo, hi) if s < min(fine_from, hi)]
+  s = max(lo, fine_from)
+  while s < hi:
+    out.append(s)
+    s += 1 << (s.bit_length() - 3)  # a quarter of the octave's power of two
+  return tuple(out + [hi])
+
+
 class CompileCounter:
   """Counts distinct (function, static shape) keys: each new key is one XLA compilation."""
 

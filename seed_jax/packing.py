@@ -6,8 +6,9 @@ restart at 0, no attention across segments: models/transformer.py), so every res
 one the padded layout gives. The sequences' scored responses are then gathered into *slots* [S, R], the same
 per-sample layout the loss reads, so nothing downstream changes.
 
-The row length is a setting (learner.pack_length, rescore.pack_length): long enough for several step-samples
-per row, short enough that attention over the row stays a small part of the FLOPs. Row, group and slot counts
+The row length is a setting (learner.pack_length, rescore.pack_length), varied per batch within a third of it
+(row_lengths) to leave the least padding: long enough for several step-samples per row; attention skips the
+tiles between segments (models/attention.py), so a longer row costs no more attention. Row, group and slot counts
 come from a geometric set, so a run compiles few programs (an XLA:CPU compile of the update took 8-106 s here).
 """
 from __future__ import annotations
@@ -76,21 +77,38 @@ class Layout:
                       rows_forwarded=computed_slots, rows_real=sum(len(r) for g in self.groups for r in g))
 
 
+def row_lengths(length: int) -> list[int]:
+  """The row lengths plan_layout chooses from: multiples of 256 from 2/3 to 4/3 of the setting (1536: 1024,
+  1280, 1536, 1792, 2048), so step-samples of any typical length fill their rows well and a run compiles few."""
+  return sorted({max(256, round(length * f / 256) * 256) for f in (2 / 3, 5 / 6, 1, 7 / 6, 4 / 3)})
+
+
 def plan_layout(lengths: Sequence[int], *, length: int, group_tokens: int, row_multiple: int = 1) -> Layout:
-  """Sequences of `lengths` into rows of `length` tokens (the next power of two when a sequence is longer),
-  first fit, longest first; rows fill groups of at most `group_tokens` positions (a micro-batch's or a
-  re-score pass's memory) in order, so padding groups are empty and skipped. Row, group and slot counts come from geometric_sizes (rows and slots in multiples
-  of `row_multiple`, the data-parallel shards), and slots are at least one per 256 row tokens, so successive
-  updates, whose lengths differ a little, reuse the same compiled shapes."""
+  """Sequences of `lengths` into rows of one length, first fit, longest first; rows fill groups of at most
+  `group_tokens` positions (a micro-batch's or a re-score pass's memory) in order, so padding groups are empty
+  and skipped. The row length is `length` unless another of row_lengths(length) computes at least 10 % fewer
+  positions (then the one computing fewest, the shortest on a tie; fewer distinct shapes to compile), the next
+  power of two when a sequence is longer than all of them. Row, group and slot
+  counts come from geometric_sizes (rows and slots in multiples of `row_multiple`, the data-parallel shards),
+  and slots are at least one per 512 row tokens, so successive updates, whose lengths differ a little, reuse
+  the same compiled shapes."""
   if not lengths:
     raise ValueError("nothing to pack")
-  L = max(length, 1 << (max(lengths) - 1).bit_length())
+  fits = [L for L in row_lengths(length) if L >= max(lengths)] or [1 << (max(lengths) - 1).bit_length()]
+  layouts = [_layout(lengths, L, group_tokens, row_multiple) for L in fits]
+  cost = lambda lay: lay.computed_rows * lay.length
+  best = min(layouts, key=lambda lay: (cost(lay), lay.length))
+  nominal = next((lay for lay in layouts if lay.length == length), best)
+  return best if cost(best) < 0.9 * cost(nominal) else nominal  # the setting's shape unless 10 % fewer
+
+
+def _layout(lengths: Sequence[int], L: int, group_tokens: int, row_multiple: int) -> Layout:
   rows = first_fit_decreasing(lengths, L)
   cap = max(row_multiple, group_tokens // L // row_multiple * row_multiple)
   per_group = min(cap, row_multiple * size_at_least(-(-len(rows) // row_multiple)))
   n_groups = size_at_least(-(-len(rows) // per_group))
   groups = tuple(tuple(tuple(r) for r in rows[g * per_group:(g + 1) * per_group]) for g in range(n_groups))
-  need = max(max(sum(len(r) for r in g) for g in groups), per_group * L // 256)
+  need = max(max(sum(len(r) for r in g) for g in groups), per_group * L // 512)
   return Layout(L, groups, per_group, row_multiple * size_at_least(-(-need // row_multiple)))
 
 

@@ -2,6 +2,7 @@
 evaluation loop, and the resumable training loop around them."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -152,23 +153,25 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   key = jax.random.fold_in(jax.random.key(cfg.seed), u)
   timer = writer.phase_timer()
   tokens: dict[str, TokenCount] = {}  # per phase; rollout and analysis share the sampler's counter
-  before = rt.sampler.tokens.copy()
+  before, clock = rt.sampler.tokens.copy(), {}
   check()
-  with timer.phase("rollout"):
-    trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0))
+  with timer.phase("rollout"), sampler_times(rt.sampler, clock):
+    trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0), clock)
   tokens["rollout"] = rt.sampler.tokens - before
   good = [t for t in trajs if t.termination != "env_error"]
   metrics = rollout_metrics(trajs, "rollout")
+  metrics.update({f"time/rollout_{k}": v for k, v in clock.items()})
   if not any(t.steps for t in good):
     log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
     return state, metrics
   analysis = None
   if analysis_active(cfg, u):
-    before = rt.sampler.tokens.copy()
+    before, clock = rt.sampler.tokens.copy(), {}
     check()
-    with timer.phase("analysis"):
+    with timer.phase("analysis"), sampler_times(rt.sampler, clock):
       analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
     tokens["analysis"] = rt.sampler.tokens - before
+    metrics.update({f"time/analysis_{k}": v for k, v in clock.items()})
     metrics["analysis/parse_rate"] = analysis.parse_rate
     metrics["analysis/salvaged_rate"] = analysis.salvaged_rate
     writer.dump_jsonl("skills", u, _skill_records(good, analysis))
@@ -196,7 +199,15 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   return state, metrics
 
 
-def _rollout(rt: Runtime, params, u: int, key) -> list[Trajectory]:
+@contextlib.contextmanager
+def sampler_times(sampler: Sampler, clock: dict[str, float]):
+  """Adds the sampler's prefill and decode seconds spent inside the block to `clock` (prefill_s, decode_s)."""
+  before = dict(sampler.times)
+  yield
+  clock.update({k: sampler.times[k] - before[k] for k in before})
+
+
+def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = None) -> list[Trajectory]:
   """group_size rollouts of each of update u's tasks with the current weights."""
   cfg = rt.cfg
   G = cfg.rollout.group_size
@@ -205,7 +216,7 @@ def _rollout(rt: Runtime, params, u: int, key) -> list[Trajectory]:
   return run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
                       [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
                       [g for _ in tasks for g in range(G)], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
-                      rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens)
+                      rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens, clock=clock)
 
 
 def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:
@@ -283,7 +294,8 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
   pack = cfg.learner.pack_length > 0 and not skill_prompts  # teacher "current" scores both contexts in the padded layout
   data = rt.mesh.shape["data"] * rt.mesh.shape["fsdp"]
   Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
-  R_pack = bucket(max(map(len, samples.responses)), pow2_sizes(16, max(16, R)), "response length")
+  R_pack = bucket(max(map(len, samples.responses)), pow2_sizes(16, max(16, cfg.rollout.max_new_tokens)),
+                  "response length")
   per = min(cfg.learner.minibatch_size, N)
   rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
   sums_all: dict[str, float] = {}

@@ -7,6 +7,7 @@ Each step becomes a `Step` (an independent step-sample: prompt, response, sample
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -55,13 +56,20 @@ def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_descr
 
 def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], group_ids: Sequence[int],
                  traj_ids: Sequence[int], generate: GenerateFn, tokenizer: Tokenizer, key, *,
-                 max_prompt_tokens: int, max_steps: int | None = None) -> list[Trajectory]:
-  """Plays tasks[i] on pool env i until done or `max_steps` (default env_cfg.max_steps)."""
+                 max_prompt_tokens: int, max_steps: int | None = None,
+                 clock: dict[str, float] | None = None) -> list[Trajectory]:
+  """Plays tasks[i] on pool env i until done or `max_steps` (default env_cfg.max_steps). `clock`, if given,
+  gains the seconds spent in the pool (reset and steps: "env_s") and in `generate` ("generate_s")."""
+  clock = {} if clock is None else clock
+  tick = lambda name, t0: clock.__setitem__(name, clock.get(name, 0.0) + time.perf_counter() - t0)
   if len(tasks) > pool.num_envs:
     raise ValueError(f"{len(tasks)} episodes need {len(tasks)} envs but the pool has {pool.num_envs}")
   max_steps = env_cfg.max_steps if max_steps is None else max_steps
   episodes = []
-  for i, (task, obs) in enumerate(zip(tasks, pool.reset(list(tasks)))):
+  t0 = time.perf_counter()
+  reset = pool.reset(list(tasks))
+  tick("env_s", t0)
+  for i, (task, obs) in enumerate(zip(tasks, reset)):
     traj = Trajectory(task=task, group_id=int(group_ids[i]), traj_id=int(traj_ids[i]), steps=[])
     ep = _Episode(traj=traj, obs=None, history=[])
     if isinstance(obs, EnvError):
@@ -85,7 +93,9 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       ep.traj.truncated_prompts += int(fitted.truncated)
       prompts[i] = fitted
     order = list(prompts)
+    t0 = time.perf_counter()
     gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t)) if order else []
+    tick("generate_s", t0)
     actions = {}
     for i, gen in zip(order, gens):
       ep = episodes[i]
@@ -99,7 +109,10 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
           prompt_text=prompts[i].text, prompt_tokens=prompts[i].ids, response_text=response,
           response_tokens=list(gen.tokens), logps=list(gen.logps), observation=ep.obs.text, action=parsed.action,
           action_valid=parsed.valid, info=info))
-    for i, res in pool.step(actions).items():
+    t0 = time.perf_counter()
+    results = pool.step(actions)
+    tick("env_s", t0)
+    for i, res in results.items():
       ep = episodes[i]
       step = ep.traj.steps[-1]
       if isinstance(res, EnvError):

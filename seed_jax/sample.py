@@ -1,6 +1,8 @@
 """Jitted generation for rollouts and skill writing: prefill + KV-cache decode inside one `lax.while_loop`.
 
-`generate_tokens` is the pure device function; `Sampler` is the host side that validates prompts, buckets
+`prefill_prompts` and `decode_tokens` are the pure device functions (`generate_tokens` chains them); two
+programs, so the host can time prefill and decode apart and prefill a group's identical prompts once. `Sampler`
+is the host side that validates prompts, buckets
 shapes (so a run compiles a bounded number of programs), splits oversized batches and unpads the results.
 """
 from __future__ import annotations
@@ -9,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -16,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
+from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
@@ -74,27 +77,35 @@ def _pick(logits_BV, key, temperature, top_p, greedy: bool, top_k: int, use_top_
   return tok_B.astype(jnp.int32), jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p",
-                                             "prefill_chunk"))
-def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E, stop_NL, *, spec: ModelSpec,
-                    dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool, prefill_chunk: int = 0):
-  """Samples up to `max_new` tokens after left-padded prompts.
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "prefill_chunk"))
+def prefill_prompts(params, tokens_UP, valid_UP, *, spec: ModelSpec, dtype, max_new: int, prefill_chunk: int = 0):
+  """The prompts' KV cache (room for `max_new` more tokens), the next-token logits and the next position of
+  each left-padded row (valid_UP: bool validity; rows with no valid token are batch padding)."""
+  P = tokens_UP.shape[1]
+  params = tf.cast_params(params, dtype)
+  positions_UP = tf.left_pad_positions(valid_UP)
+  hidden_UPD, cache = tf.prefill(params, spec, tokens_UP, positions_UP, valid_UP.astype(jnp.int32), P + max_new,
+                                 dtype, chunk=prefill_chunk)
+  logits_UV = tf.logits_from_hidden(params, spec, hidden_UPD[:, -1:], dtype)[:, 0]
+  return cache, logits_UV, positions_UP[:, -1] + 1
 
-  tokens_BP/valid_BP: int32 ids and bool validity (rows with no valid token are batch padding).
+
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
+def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, key, temperature, top_p, eos_E, stop_NL, *,
+                  spec: ModelSpec, dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool):
+  """Samples up to `max_new` tokens for rows B from prefilled rows U: row b continues prefilled row src_B[b]
+  (identical prompts are prefilled once; src_B None: row b is row b). is_pad_B marks batch padding.
   eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1.
-  Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes).
-  """
-  B, Pn = tokens_BP.shape
-  L = stop_NL.shape[1]
-  params = tf.cast_params(params, dtype)  # once, for the prefill and every decode step
-  positions_BP = tf.left_pad_positions(valid_BP)
-  hidden_BPD, cache = tf.prefill(params, spec, tokens_BP, positions_BP,
-                                 valid_BP.astype(jnp.int32), Pn + max_new, dtype, chunk=prefill_chunk)
+  Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes)."""
+  if src_B is not None:  # one prefilled row per distinct prompt, copied to each of its sampled rows
+    take = lambda x: jnp.take(x, src_B, axis=0)
+    cache = cache.replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)), segment_BS=take(cache.segment_BS))
+    logits_UV, pos_U = take(logits_UV), take(pos_U)
   cache = cache.replace(k=tuple(constrain(k, ("batch", "kv_heads", "head_dim", "cache_length")) for k in cache.k),
                         v=tuple(constrain(v, ("batch", "kv_heads", "cache_length", "head_dim")) for v in cache.v))
-  logits_BV = tf.logits_from_hidden(params, spec, hidden_BPD[:, -1:], dtype)[:, 0]
-  params = tf.decode_params(params, dtype)  # split per layer once, outside the decode loop
-  is_pad_B = ~jnp.any(valid_BP, axis=1)
+  B = is_pad_B.shape[0]
+  L = stop_NL.shape[1]
+  params = tf.decode_params(tf.cast_params(params, dtype), dtype)  # split per layer once, outside the loop
   stop_len_N = jnp.sum(stop_NL >= 0, axis=1)
 
   def cond(s):
@@ -119,12 +130,23 @@ def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E,
         logps=s["logps"].at[:, i].set(jnp.where(live_B, logp_B, 0.0)),
         lengths=s["lengths"] + live_B.astype(jnp.int32), reason=jnp.where(ends_B, reason_B, s["reason"]))
 
-  init = dict(i=jnp.int32(0), cache=cache, pos=positions_BP[:, -1] + 1, logits=logits_BV, done=is_pad_B,
+  init = dict(i=jnp.int32(0), cache=cache, pos=pos_U, logits=logits_UV, done=is_pad_B,
               recent=jnp.full((B, L), -2, jnp.int32), tokens=jnp.zeros((B, max_new), jnp.int32),
               logps=jnp.zeros((B, max_new), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
               reason=jnp.where(is_pad_B, STOP_PADDING, STOP_LENGTH).astype(jnp.int32))
   s = jax.lax.while_loop(cond, body, init)
   return s["tokens"], s["logps"], s["lengths"], s["reason"]
+
+
+def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E, stop_NL, *, spec: ModelSpec,
+                    dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool, prefill_chunk: int = 0):
+  """Samples up to `max_new` tokens after left-padded prompts: prefill_prompts, then decode_tokens, one row
+  per prompt. Returns tokens_BN, logps_BN, lengths_B and reason_B as decode_tokens."""
+  cache, logits_BV, pos_B = prefill_prompts(params, tokens_BP, valid_BP, spec=spec, dtype=dtype, max_new=max_new,
+                                            prefill_chunk=prefill_chunk)
+  return decode_tokens(params, cache, logits_BV, pos_B, None, ~jnp.any(jnp.asarray(valid_BP), axis=1), key,
+                       temperature, top_p, eos_E, stop_NL, spec=spec, dtype=dtype, max_new=max_new, greedy=greedy,
+                       top_k=top_k, use_top_p=use_top_p)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,9 +173,10 @@ class Sampler:
     self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
     data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
     self.batch_sizes = pow2_sizes(max(cfg.min_batch, data), max(cfg.max_batch, data))
-    self.prompt_sizes = pow2_sizes(min(cfg.min_prompt_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
+    self.prompt_sizes = prompt_sizes(min(cfg.min_prompt_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
     self.compiles = CompileCounter()
     self.tokens = TokenCount()
+    self.times = {"prefill_s": 0.0, "decode_s": 0.0}  # wall time of the calls, summed
 
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
                stop_sequences: Sequence[Sequence[int]] = ()) -> list[Generation]:
@@ -186,30 +209,47 @@ class Sampler:
   def _generate_batch(self, params, prompts, key, sp: SamplingParams, stop_NL) -> list[Generation]:
     B = bucket(len(prompts), self.batch_sizes, "batch")
     Pn = bucket(max(map(len, prompts)), self.prompt_sizes, "prompt length")
-    tokens_BP = np.zeros((B, Pn), np.int32)
-    valid_BP = np.zeros((B, Pn), bool)
-    for b, p in enumerate(prompts):
-      tokens_BP[b, Pn - len(p):] = p
-      valid_BP[b, Pn - len(p):] = True
+    # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
+    # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows.
+    first: dict[tuple[int, ...], int] = {}
+    src_N = np.asarray([first.setdefault(tuple(p), len(first)) for p in prompts], np.int32)
+    unique = list({tuple(p): p for p in prompts}.values()) if len(first) < len(prompts) else prompts
+    U = bucket(len(unique), self.batch_sizes, "batch")
+    tokens_UP = np.zeros((U, Pn), np.int32)
+    valid_UP = np.zeros((U, Pn), bool)
+    for u, p in enumerate(unique):
+      tokens_UP[u, Pn - len(p):] = p
+      valid_UP[u, Pn - len(p):] = True
+    src_B = None if U == B and len(unique) == len(prompts) else np.pad(src_N, (0, B - len(prompts)),
+                                                                        constant_values=U - 1)
+    is_pad_B = np.arange(B) >= len(prompts)
     greedy = sp.temperature == 0
-    static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
-                  top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0,
-                  prefill_chunk=self.cfg.prefill_chunk)
-    if self.compiles.see(("generate", B, Pn, stop_NL.shape, tuple(sorted(static.items(), key=str)))):
-      log.info("compiling generate: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
+    decode_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
+                         top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
+    prefill_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens,
+                          prefill_chunk=self.cfg.prefill_chunk)
+    if self.compiles.see(("prefill", U, Pn, tuple(sorted(prefill_static.items(), key=str)))):
+      log.info("compiling prefill: batch %d, prompt %d (%d programs)", U, Pn, self.compiles.count)
+    if self.compiles.see(("decode", U, B, src_B is None, Pn, stop_NL.shape,
+                          tuple(sorted(decode_static.items(), key=str)))):
+      log.info("compiling decode: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
                self.compiles.count)
-    args = (tokens_BP, valid_BP)
-    if self.mesh is not None:
-      batch = NamedSharding(self.mesh, P(("data", "fsdp")))
-      args = tuple(jax.device_put(a, batch) for a in args)
+    rows = (lambda a: a) if self.mesh is None else (
+        lambda a: jax.device_put(a, NamedSharding(self.mesh, P(("data", "fsdp")))))
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-      toks, logps, lens, reason = generate_tokens(
-          params, *args, key, jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p),
-          jnp.asarray(self.eos_E), jnp.asarray(stop_NL), **static)
-    toks, logps, lens, reason = jax.device_get((toks, logps, lens, reason))
+      t0 = time.perf_counter()
+      cache, logits, pos = jax.block_until_ready(prefill_prompts(params, rows(tokens_UP), rows(valid_UP),
+                                                                 **prefill_static))
+      t1 = time.perf_counter()
+      toks, logps, lens, reason = jax.device_get(decode_tokens(
+          params, cache, logits, pos, None if src_B is None else jnp.asarray(src_B), rows(is_pad_B), key,
+          jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p), jnp.asarray(self.eos_E),
+          jnp.asarray(stop_NL), **decode_static))
+    self.times["prefill_s"] += t1 - t0
+    self.times["decode_s"] += time.perf_counter() - t1
     lens_N = lens[:len(prompts)]
     # The decode loop runs until its longest row ends: every row, padding included, pays for those steps.
-    self.tokens.add(TokenCount(prompt_forwarded=B * Pn, prompt_real=sum(map(len, prompts)),
+    self.tokens.add(TokenCount(prompt_forwarded=U * Pn, prompt_real=sum(map(len, unique)),
                                response_forwarded=B * int(lens_N.max()), response_real=int(lens_N.sum()),
                                rows_forwarded=B, rows_real=len(prompts)))
     return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),

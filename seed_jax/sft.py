@@ -134,7 +134,8 @@ def pack(examples: Sequence[Example], max_len: int, min_len_bucket: int = 64, mi
 
 def nll_sums(params, batch: Packed, *, spec: ModelSpec, dtype, chunk: int, remat: bool):
   """(sum of -log p over the response tokens, their count) of packed rows."""
-  hidden_RLD, _ = tf.forward(params, spec, batch.tokens_RL, batch.positions_RL, batch.segment_RL, None, dtype, remat)
+  hidden_RLD, _ = tf.forward(params, spec.for_packed_rows(), batch.tokens_RL, batch.positions_RL, batch.segment_RL,
+                             None, dtype, remat)
   hidden_RKD = jnp.take_along_axis(hidden_RLD, batch.idx_RK[..., None], axis=1)
   logp_RK, _ = token_logprobs(params, spec, hidden_RKD, batch.targets_RK, batch.kmask_RK, 1.0, dtype=dtype,
                               chunk=min(chunk, batch.idx_RK.shape[1]), remat=remat, with_entropy=False)

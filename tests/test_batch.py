@@ -49,6 +49,14 @@ def test_collect_samples_skill_prompts_and_opd_mask():
   assert none.skill_prompts == none.prompts and not none.opd_mask_N.any()
 
 
+def test_sampler_prompt_buckets_are_powers_of_two_then_quarters_of_an_octave():
+  from seed_jax.buckets import prompt_sizes
+  assert prompt_sizes(64, 1536) == (64, 128, 256, 512, 640, 768, 896, 1024, 1280, 1536)
+  assert prompt_sizes(16, 32) == (16, 32) and prompt_sizes(64, 600) == (64, 128, 256, 512, 600)
+  sizes = prompt_sizes(64, 16384)
+  assert max(b / a for a, b in zip(sizes, sizes[1:]) if a >= 512) <= 1.25 and sizes[-1] == 16384
+
+
 def test_shapes_for_buckets():
   s = batch_lib.collect_samples([_traj(0, 3, prompt_len=10)], None, _CharTokenizer(), 10**6)
   assert batch_lib.shapes_for(s) == (64, 64)  # everything below the smallest bucket

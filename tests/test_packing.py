@@ -36,17 +36,30 @@ def test_layout_places_every_sequence_once_within_budget():
   lay = packing.plan_layout(lengths, length=512, group_tokens=2048, row_multiple=2)
   placed = sorted(i for g in lay.groups for r in g for i in r)
   assert placed == list(range(37))
-  assert lay.length == 512 and lay.rows_per_group == 4 and lay.rows_per_group * lay.length <= 2048
+  assert lay.length in packing.row_lengths(512) and lay.rows_per_group * lay.length <= 2048
   assert all(sum(lengths[i] for i in r) <= lay.length for g in lay.groups for r in g)
   assert all(len(g) <= lay.rows_per_group and sum(map(len, g)) <= lay.slots_per_group for g in lay.groups)
-  assert lay.slots_per_group % 2 == 0 and lay.slots_per_group >= 4 * 512 // 256
-  assert packing.plan_layout([700, 20], length=512, group_tokens=4096).length == 1024  # a longer sequence
+  assert lay.slots_per_group % 2 == 0 and lay.slots_per_group >= lay.rows_per_group * lay.length // 512
+  assert packing.row_lengths(512) == [256, 512, 768] and packing.row_lengths(1536) == [1024, 1280, 1536, 1792, 2048]
+  assert packing.plan_layout([900, 20], length=512, group_tokens=4096).length == 1024  # a longer sequence
+
+
+def test_the_row_length_that_computes_least_is_chosen():
+  """16 step-samples of 446 tokens (about the ScienceWorld default): rows of 1536 hold 3 (6 rows, 77 % real),
+  of 1024 or 2048 two or four (8192 positions, 87 %), of 1792 four (99.6 %): the planner takes 1792; on a tie
+  the shorter rows."""
+  lengths = [446] * 16
+  lay = packing.plan_layout(lengths, length=1536, group_tokens=2304)
+  assert (lay.length, lay.computed_rows) == (1792, 4)
+  assert packing.plan_layout([446] * 8 + [446] * 8, length=1536, group_tokens=2304) == lay
+  tie = packing.plan_layout([500] * 8, length=1536, group_tokens=4096)  # 1024 x 4 rows = 2048 x 2 rows
+  assert tie.length == 1024 and tie.computed_rows == 4
 
 
 def test_layout_fill_and_stable_shapes_at_step_sample_lengths():
-  """Updates of 40-56 step-samples of 230-330 tokens, micro-batches of 8 x 576 padded positions, rows of
-  1536: a median >= 80 % (each >= 70 %) of the computed packed positions are real (the padded layout: 49 %),
-  and 20 such updates compile at most 3 update shapes."""
+  """Updates of 40-56 step-samples of 230-330 tokens, micro-batches of 8 x 576 padded positions, rows of about
+  1536: a median >= 90 % (each >= 84 %) of the computed packed positions are real (the padded layout: 49 %;
+  rows of exactly 1536: a median of 80 %), and 20 such updates compile at most 8 update shapes."""
   rng = np.random.default_rng(1)
   shapes, fills = set(), []
   for _ in range(20):
@@ -54,8 +67,8 @@ def test_layout_fill_and_stable_shapes_at_step_sample_lengths():
     lay = packing.plan_layout(lengths, length=1536, group_tokens=8 * 576)
     fills.append(sum(lengths) / (lay.computed_rows * lay.length))
     shapes.add((len(lay.groups), lay.rows_per_group, lay.length, lay.slots_per_group))
-  assert np.median(fills) >= 0.8 and min(fills) >= 0.7, fills
-  assert len(shapes) <= 3, shapes
+  assert np.median(fills) >= 0.9 and min(fills) >= 0.84, fills
+  assert len(shapes) <= 8, shapes
 
 
 def test_fill_rows_segments_positions_and_slots():

@@ -10,7 +10,7 @@ from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import Rescorer, RescorerConfig
-from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, _pick
+from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, _pick, generate_tokens
 
 SPEC = ModelSpec("LlamaForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                  ffn_dim=96)
@@ -122,7 +122,7 @@ def test_bad_input_and_oversized_batches():
   # 4 prompts on a sampler whose largest batch is 2: two calls, same results as one by one.
   many = s.generate(PARAMS, PROMPTS, jax.random.key(0), sp)
   assert [g.tokens for g in many] == [s.generate(PARAMS, [p], jax.random.key(0), sp)[0].tokens for p in PROMPTS]
-  assert s.compiles.count == 2  # batch buckets 2 and 1, one prompt bucket
+  assert s.compiles.count == 4  # batch buckets 2 and 1, one prompt bucket: a prefill and a decode program each
 
 
 def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
@@ -144,6 +144,30 @@ def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
   s.generate(PARAMS, PROMPTS[3:], jax.random.key(0), sp)  # one 9-token prompt: 1 row x 16
   d = s.tokens - before
   assert (d.rows_forwarded, d.prompt_forwarded, d.prompt_real) == (1, 16, 9) and before.rows_real == 3
+
+
+def test_identical_prompts_are_prefilled_once_and_sample_as_if_each_had_its_own():
+  """A group's G rollouts start from one prompt: it is prefilled once and its cache copied to its rows. Every
+  row's tokens equal the undeduplicated generate_tokens' on the same padded batch and key (the sampler's first
+  batch folds 0 into it; same logits per row,
+  same draws), log-probs within 1e-6 (prefill over fewer rows), and the prefill counts the distinct rows only."""
+  prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[0], PROMPTS[1]]
+  sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+  s = _sampler()
+  out = s.generate(PARAMS, prompts, jax.random.key(4), sp)
+  tokens_BP, valid_BP = np.zeros((8, 16), np.int32), np.zeros((8, 16), bool)
+  for b, p in enumerate(prompts):
+    tokens_BP[b, 16 - len(p):], valid_BP[b, 16 - len(p):] = p, True
+  toks, logps, lens, _ = generate_tokens(
+      PARAMS, tokens_BP, valid_BP, jax.random.fold_in(jax.random.key(4), 0), jnp.float32(1.0), jnp.float32(1.0), jnp.asarray([-1], jnp.int32),
+      jnp.full((1, 1), -1, jnp.int32), spec=SPEC, dtype=jnp.float32, max_new=6, greedy=False, top_k=0,
+      use_top_p=False)
+  for b, g in enumerate(out):
+    assert g.tokens == toks[b, :lens[b]].tolist()
+    np.testing.assert_allclose(g.logps, logps[b, :lens[b]], atol=1e-6)
+  assert len({tuple(g.tokens) for g in out[::2]}) > 1  # rows of one prompt still draw their own tokens
+  assert (s.tokens.prompt_forwarded, s.tokens.prompt_real, s.tokens.rows_forwarded) == (2 * 16, 5 + 12, 8)
+  assert s.times["prefill_s"] > 0 and s.times["decode_s"] > 0
 
 
 class _CharTokenizer:

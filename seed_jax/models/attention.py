@@ -54,6 +54,22 @@ def _unblocks(x):
   return jnp.moveaxis(x, 0, 1).reshape((B, n * block) + x.shape[3:])
 
 
+def block_ranges(seg_BT, block):
+  """(lo_n, hi_n): per query block the first key block any of its queries may attend to, per key block the last
+  query block that may attend to it, over the whole batch. A packed row's segments then cost only their own
+  tiles, not the lower triangle of the row; a segment id may recur anywhere in its row (first/last slot per id)."""
+  B, T = seg_BT.shape
+  n, rows = T // block, jnp.arange(B)[:, None]
+  slot_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  seg_BT = jnp.clip(seg_BT, 0, T)
+  first_BT = jnp.take_along_axis(jnp.full((B, T + 1), T, jnp.int32).at[rows, seg_BT].min(slot_BT), seg_BT, 1)
+  last_BT = jnp.take_along_axis(jnp.full((B, T + 1), -1, jnp.int32).at[rows, seg_BT].max(slot_BT), seg_BT, 1)
+  real_BT = seg_BT > 0
+  lo_n = jnp.where(real_BT, first_BT, T).reshape(B, n, block).min((0, 2)) // block  # n: all padding
+  hi_n = jnp.where(real_BT, last_BT, -1).reshape(B, n, block).max((0, 2)) // block  # -1: all padding
+  return lo_n, hi_n
+
+
 def _scores(q_BqKGh, k_BkKh, seg_BT, i, j, block, dtype):
   """(masked scores [B, K, G, bq, bk] of tile (i, j), its mask [B, bq, bk]); q is already scaled."""
   mask = _tile_mask(seg_BT, i, j, block)
@@ -88,14 +104,15 @@ def _forward(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype):
   qb, kb, vb = _blocks(q_BTKGh, block), _blocks(k_BTKh, block), _blocks(v_BTKh, block)
   n = qb.shape[0]
   B, _, K, G, h = q_BTKGh.shape
+  lo_n, _ = block_ranges(seg_BT, block)
 
   def query_block(i):
     def key_block(j, carry):
       s, mask = _scores(qb[i], kb[j], seg_BT, i, j, block, dtype)
       return softmax_tile(carry, s, mask, vb[j], "bkgqs,bskh->bkgqh", dtype)
 
-    # causal: key blocks past the diagonal are skipped
-    return softmax_finish(jax.lax.fori_loop(0, i + 1, key_block, softmax_start(B, K, G, block, h)))
+    # causal: key blocks past the diagonal are skipped; so are those before the block's earliest segment
+    return softmax_finish(jax.lax.fori_loop(lo_n[i], i + 1, key_block, softmax_start(B, K, G, block, h)))
 
   out_nBKGqh, lse_nBKGq = jax.lax.map(query_block, jnp.arange(n))
   out = _unblocks(jnp.einsum("nbkgqh->nbqkgh", out_nBKGqh))
@@ -117,6 +134,7 @@ def _attention_bwd(block, dtype, res, dout_BTKGh):
   q_BTKGh, k_BTKh, v_BTKh, seg_BT, out, lse_BKGT = res
   qb, kb, vb, dob = (_blocks(x, block) for x in (q_BTKGh, k_BTKh, v_BTKh, dout_BTKGh.astype(jnp.float32)))
   n = qb.shape[0]
+  lo_n, hi_n = block_ranges(seg_BT, block)
   delta_BKGT = jnp.einsum("btkgh,btkgh->bkgt", dout_BTKGh.astype(jnp.float32), out)
   lse_n, delta_n = (jnp.moveaxis(x.reshape(x.shape[:3] + (n, block)), 3, 0) for x in (lse_BKGT, delta_BKGT))
 
@@ -131,7 +149,7 @@ def _attention_bwd(block, dtype, res, dout_BTKGh):
     def step(j, dq):
       _, ds = tile(i, j)
       return dq + batched_dot("bkgqs,bskh->bqkgh", ds, kb[j], dtype)
-    return jax.lax.fori_loop(0, i + 1, step, jnp.zeros(qb.shape[1:], jnp.float32))
+    return jax.lax.fori_loop(lo_n[i], i + 1, step, jnp.zeros(qb.shape[1:], jnp.float32))
 
   def dkv_block(j):
     def step(i, carry):
@@ -141,7 +159,8 @@ def _attention_bwd(block, dtype, res, dout_BTKGh):
       dk = dk + batched_dot("bkgqs,bqkgh->bskh", ds, qb[i], dtype)
       return dk, dv
     zeros = jnp.zeros(kb.shape[1:], jnp.float32)
-    return jax.lax.fori_loop(j, n, step, (zeros, zeros))  # causal: only query blocks at or after j
+    # causal: only query blocks at or after j, and none after the last one whose segments reach into j
+    return jax.lax.fori_loop(j, hi_n[j] + 1, step, (zeros, zeros))
 
   dq = _unblocks(jax.lax.map(dq_block, jnp.arange(n)))
   dk, dv = (_unblocks(x) for x in jax.lax.map(dkv_block, jnp.arange(n)))

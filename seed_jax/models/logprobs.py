@@ -67,7 +67,8 @@ class PackedRows:
 def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature, *, dtype,
                     chunk: int, remat: bool = False, with_entropy: bool = True):
   """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False."""
-  hidden_WLD, _ = tf.forward(params, spec, rows.tokens_WL, rows.positions_WL, rows.segment_WL, None, dtype, remat)
+  hidden_WLD, _ = tf.forward(params, spec.for_packed_rows(), rows.tokens_WL, rows.positions_WL, rows.segment_WL, None,
+                             dtype, remat)
   hidden_SRD = hidden_WLD[rows.row_S[:, None], rows.col_SR]
   return token_logprobs(params, spec, hidden_SRD, resp_SR, rmask_SR, temperature, dtype=dtype,
                         chunk=min(chunk, resp_SR.shape[1]), remat=remat, with_entropy=with_entropy)

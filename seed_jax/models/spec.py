@@ -11,6 +11,7 @@ _FAMILY = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCa
 
 
 ATTENTION_IMPLS = ("auto", "blocked", "xla_blockwise", "splash")
+PACKED_BLOCK = 128  # packed rows' attention tiles: small enough to skip most cross-segment work
 BLOCKWISE_MIN_TOKENS = 4096  # "auto" switches where the blocked path's T x T scores start to dominate memory
 
 
@@ -61,6 +62,15 @@ class ModelSpec:
     """Whether a forward over `tokens` slots attends tile by tile (models/attention.py), never [T, T] scores."""
     return self.attention in ("xla_blockwise", "splash") or (
         self.attention == "auto" and tokens >= BLOCKWISE_MIN_TOKENS)
+
+  def for_packed_rows(self) -> "ModelSpec":
+    """The spec of a forward over packed rows (several sequences per row): with "auto" it attends blockwise in
+    tiles of PACKED_BLOCK slots, which skips the tiles between segments (models/attention.block_ranges). One
+    row of 1536 slots in four segments, SmolLM2-135M, XLA:CPU on an AMD EPYC: forward 1.29 s against 1.74 s
+    blocked, forward + backward (remat) 7.3 s against 8.7 s."""
+    if self.attention != "auto":
+      return self
+    return dataclasses.replace(self, attention="xla_blockwise", attention_block=PACKED_BLOCK)
 
   def with_attention(self, model_cfg) -> "ModelSpec":
     """This spec with config.model's attention choice."""

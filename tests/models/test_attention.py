@@ -47,6 +47,28 @@ def test_values_and_gradients_equal_the_materialized_softmax(block):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
 
+def test_packed_rows_skip_the_tiles_of_other_segments():
+  """One packed row per batch: key blocks before a query block's earliest segment and query blocks after a key
+  block's last segment are never visited, and the result is unchanged, also when a segment id recurs later in
+  its row (it may then attend across the gap, as the materialized mask lets it)."""
+  seg = np.zeros((1, 48), np.int32)
+  seg[0, :20], seg[0, 20:33], seg[0, 33:40] = 1, 2, 3  # padded tail 40..47
+  lo, hi = attention.block_ranges(jnp.asarray(seg), 8)
+  assert lo.tolist() == [0, 0, 0, 2, 2, 6] and hi.tolist() == [2, 2, 4, 4, 4, -1]
+  recurring = np.array([[1] * 10 + [2] * 14 + [1] * 8 + [3] * 16], np.int32)
+  for s in (seg, recurring):
+    q, k, v, _, w = (x[:1] for x in _inputs(T=48))
+    s = jnp.asarray(s)
+    w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * (s > 0)[:, :, None, None, None]
+    np.testing.assert_allclose(attention.blockwise_causal_attention(q, k, v, s, block=8), _reference(q, k, v, s),
+                               atol=2e-6)
+    loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
+    got = jax.grad(loss(lambda q, k, v: attention.blockwise_causal_attention(q, k, v, s, block=8)), (0, 1, 2))(q, k, v)
+    want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, s)), (0, 1, 2))(q, k, v)
+    for g, r in zip(got, want):
+      np.testing.assert_allclose(g, r, atol=5e-6)
+
+
 def test_bf16_stays_close_to_fp32():
   q, k, v, seg, _ = _inputs(T=64)
   out = attention.blockwise_causal_attention(q, k, v, seg, block=16, dtype=jnp.bfloat16)
