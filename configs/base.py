@@ -26,7 +26,8 @@ def get_base() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.path = "embedded"  # HF checkpoint folder, .gguf file, or "embedded" (SmolLM2-135M-Instruct)
   c.model.tokenizer = ""  # "" = from model.path
-  # Cache-less attention (prefill, re-score, update): "auto" | "blocked" | "xla_blockwise" | "splash" (spec.py)
+  # Cache-less attention (prefill, re-score, update): "auto" | "blocked" | "xla_blockwise" | "splash" | "cudnn"
+  # (models/spec.py; splash needs a TPU, cudnn an NVIDIA GPU)
   c.model.attention = "auto"
   c.model.attention_block = 512  # query/key tile of "xla_blockwise" and "splash"
   c.model.attention_interpret = False  # "splash" off a TPU: run the kernel in Pallas' interpreter (slow; tests)
@@ -135,14 +136,16 @@ def get_base() -> ml_collections.ConfigDict:
 
   c.sampler = ml_collections.ConfigDict()
   c.sampler.dtype = "float32"  # "bfloat16": bf16 weights and KV cache in generation (fp32 logits/softmax)
-  c.sampler.max_batch = 64  # rows per generation call; more run as several calls
+  # rows per generation call; more run as several calls (samples do not depend on the split). 0 = auto: the
+  # largest power of two that the planner (seed_jax/plan.py) fits in device memory next to everything else.
+  c.sampler.max_batch = 64
   # > 0: longer prompts are prefilled in chunks of this many tokens, each written into the KV cache (attention
   # over the cache tiled by model.attention_block where model.attention is blockwise), so the prefill holds one
   # chunk's activations (the analysis prompts of :paper); 0: the whole prompt in one pass.
   c.sampler.prefill_chunk = 0
 
   c.rescore = ml_collections.ConfigDict()
-  c.rescore.max_rows = 64  # contexts x samples per forward pass
+  c.rescore.max_rows = 64  # contexts x samples per padded forward pass (pack_length 0); 0 = auto, as max_batch
   c.rescore.vocab_chunk = 128  # response positions per vocabulary-projection chunk
   c.rescore.dtype = "float32"
   # > 0: every (context, sample) sequence packed into rows of this many tokens (seed_jax/packing.py), at most

@@ -24,7 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rescore.dtype": ("float32", "bfloat16"),
     "rescore.old_logps": ("auto", "rescore"),
     "learner.dtype": ("float32", "bfloat16"),
-    "model.attention": ("auto", "blocked", "xla_blockwise", "splash"),
+    "model.attention": ("auto", "blocked", "xla_blockwise", "splash", "cudnn"),
     "learner.teacher": ("old", "current"),
     "learner.schedule": ("constant", "warmup_cosine", "warmup_constant"),
     "analyzer.backend": ("policy", "external"),
@@ -52,9 +52,9 @@ _STAGE_POSITIVE = {
 _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac"),
                        "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight")}
 _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
-             "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs", "sampler.max_batch",
-             "rescore.max_rows", "rescore.vocab_chunk", "env.max_steps")
-_NON_NEGATIVE = ("sampler.prefill_chunk", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
+             "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
+             "rescore.vocab_chunk", "env.max_steps")
+_NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
                  "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
                  "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
@@ -134,6 +134,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.model.attention='splash' needs a TPU (this backend: {jax.default_backend()}); "
                        "choose auto, blocked or xla_blockwise, or set config.model.attention_interpret=True to run "
                        "the kernel in Pallas' interpreter (slow)")
+  if cfg.model.attention == "cudnn":
+    import jax
+    if jax.default_backend() != "gpu":
+      raise ValueError(f"config.model.attention='cudnn' needs an NVIDIA GPU (this backend: {jax.default_backend()}); "
+                       "choose auto, blocked or xla_blockwise (or splash on a TPU)")
   if cfg.stage == "eval" and cfg.eval.checkpoint and not os.path.exists(cfg.eval.checkpoint):
     raise ValueError(f"config.eval.checkpoint={cfg.eval.checkpoint!r} does not exist")
   needs_env = cfg.stage in ("rl", "collect", "warmstart", "eval") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")

@@ -16,6 +16,7 @@ import numpy as np
 
 from seed_jax import batch as batch_lib
 from seed_jax import advantages, analyzers, losses, packing, skills
+from seed_jax import plan as plan_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.envs import get_family
@@ -82,11 +83,12 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   family = get_family(cfg.env.name)
   max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
-  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=max_prompt, max_batch=cfg.sampler.max_batch,
+  max_batch, max_rows = auto_rows(cfg, spec, mesh)
+  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=max_prompt, max_batch=max_batch,
                                                      dtype=cfg.sampler.dtype,
                                                      prefill_chunk=cfg.sampler.prefill_chunk), mesh)
   rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
-      max_rows=cfg.rescore.max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
+      max_rows=max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
       pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
   loss_cfg = effective_loss_config(cfg)
@@ -104,6 +106,20 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
                  eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
                  stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])
+
+
+def auto_rows(cfg: ml_collections.ConfigDict, spec, mesh) -> tuple[int, int]:
+  """(sampler.max_batch, rescore.max_rows), each 0 ("auto") replaced by the largest power of two the planner
+  fits in this device's memory (plan.fitting_rows)."""
+  out = []
+  for field in ("sampler.max_batch", "rescore.max_rows"):
+    a, b = field.split(".")
+    rows = cfg[a][b]
+    if not rows:
+      rows = plan_lib.fitting_rows(cfg, spec, dict(mesh.shape), plan_lib.device_memory_bytes(), field)
+      log.info("%s = auto: %d rows fit", field, rows)
+    out.append(rows)
+  return out[0], out[1]
 
 
 def spread(tasks: Sequence[Task], n: int) -> list[Task]:

@@ -131,7 +131,10 @@ def layer_activation_bytes(spec: ModelSpec, rows: int, queries: int, keys: int |
   hidden = b((B, T, D), ("batch", "length", None))
   q = b((B, T, H, hd), ("batch", "length", "heads", "head_dim"))
   kv = b((B, T, K, hd), ("batch", "length", "kv_heads", "head_dim"))
-  if S is None and spec.blockwise(T):  # models/attention.py: one live tile, plus per-row max / sum / lse
+  mask = 0
+  if S is None and spec.attention == "cudnn":  # fused kernel: scores stay on chip; the boolean [B, T, T] mask, lse
+    scores, mask = b((B, H, T), ("batch", "heads", "length")), shard_bytes((B, T, T), ("batch", "length", None), mesh, 1)
+  elif S is None and spec.blockwise(T):  # models/attention.py: one live tile, plus per-row max / sum / lse
     tile = min(spec.attention_block, T)
     scores = b((B, H, tile * tile), ("batch", "heads", None)) + 2 * b((B, H, T), ("batch", "heads", "length"))
   elif S is None:
@@ -142,7 +145,7 @@ def layer_activation_bytes(spec: ModelSpec, rows: int, queries: int, keys: int |
   else:  # scores, masked scores, exponentials and probabilities over the whole cache (transformer._attention)
     scores = 2 * b((B, H, T, S), ("batch", "heads", "length", "cache_length"))
   mlp = b((B, T, F), ("batch", "length", "mlp"))
-  return 4 * hidden + 3 * q + 4 * kv + 2 * scores + 3 * mlp
+  return 4 * hidden + 3 * q + 4 * kv + 2 * scores + mask + 3 * mlp
 
 
 def prefill_activation_bytes(spec: ModelSpec, rows: int, prompt: int, new: int, chunk: int,
@@ -201,6 +204,39 @@ class Workload:
         vocab_chunk=cfg.rescore.vocab_chunk, remat=bool(cfg.learner.remat),
         reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.ref_params_memory == "device",
         prefill_chunk=cfg.sampler.prefill_chunk)
+
+
+AUTO_MAX_ROWS = 1024  # the largest row count "auto" tries
+
+
+def fitting_rows(cfg: ml_collections.ConfigDict, spec: ModelSpec, mesh: dict[str, int], device_memory: int,
+                 field: str) -> int:
+  """`field` ("sampler.max_batch" or "rescore.max_rows") set to "auto" (0): the largest power of two up to
+  AUTO_MAX_ROWS whose plan fits `device_memory`, the other settings as configured; the data-parallel size if
+  none does. Rows are independent (the sampler's per-row keys), so the choice changes memory, not results."""
+  data = mesh.get("data", 1) * mesh.get("fsdp", 1)
+  trial = ml_collections.ConfigDict(cfg.to_dict())
+  section, name = field.split(".")
+  for other in ("sampler.max_batch", "rescore.max_rows"):  # an "auto" sibling is sized at the smallest first
+    a, b = other.split(".")
+    if not trial[a][b]:
+      trial[a][b] = data
+  rows = AUTO_MAX_ROWS
+  while rows > data:
+    trial[section][name] = rows
+    if plan(spec, mesh, Workload.from_config(trial, data), device_memory)["peak"] <= device_memory:
+      return rows
+    rows //= 2
+  return data
+
+
+def device_memory_bytes() -> int:
+  """One local device's memory: the accelerator's limit, or on CPU the host's RAM shared by its devices."""
+  import jax
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(jax.local_device_count(), 1)
 
 
 def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], remat: bool) -> int:

@@ -53,9 +53,16 @@ class Generation:
   stop_reason: str
 
 
-def _pick(logits_BV, key, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
-  """Next token and its log-prob. Filters restrict what can be drawn; the returned log-prob is under the
-  full temperature-scaled distribution, which is what re-scoring computes (greedy: temperature 1)."""
+def row_keys(key, first_row: int, rows: int):
+  """One PRNG key per row: row r of a request draws from fold_in(key, r), whatever batch it runs in, so the
+  samples do not depend on how a request is split into calls (sampler.max_batch)."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(first_row, first_row + rows, dtype=jnp.uint32))
+
+
+def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
+  """Next token and its log-prob, each row drawn with its own key. Filters restrict what can be drawn; the
+  returned log-prob is under the full temperature-scaled distribution, which is what re-scoring computes
+  (greedy: temperature 1)."""
   if greedy:
     tok_B = jnp.argmax(logits_BV, axis=-1)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
@@ -73,7 +80,7 @@ def _pick(logits_BV, key, temperature, top_p, greedy: bool, top_k: int, use_top_
       n_keep_B1 = jnp.sum(keep_BV, axis=-1, keepdims=True)
       thresh_B1 = jnp.take_along_axis(sorted_BV, n_keep_B1 - 1, axis=-1)
       masked_BV = jnp.where(masked_BV < thresh_B1, -jnp.inf, masked_BV)
-    tok_B = jax.random.categorical(key, masked_BV, axis=-1)
+    tok_B = jax.vmap(jax.random.categorical)(keys_B, masked_BV)
   return tok_B.astype(jnp.int32), jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
 
 
@@ -91,10 +98,11 @@ def prefill_prompts(params, tokens_UP, valid_UP, *, spec: ModelSpec, dtype, max_
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
-def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, key, temperature, top_p, eos_E, stop_NL, *,
+def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, temperature, top_p, eos_E, stop_NL, *,
                   spec: ModelSpec, dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool):
   """Samples up to `max_new` tokens for rows B from prefilled rows U: row b continues prefilled row src_B[b]
-  (identical prompts are prefilled once; src_B None: row b is row b). is_pad_B marks batch padding.
+  (identical prompts are prefilled once; src_B None: row b is row b). is_pad_B marks batch padding; keys_B
+  (row_keys) are the rows' PRNG keys, folded with the step.
   eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1.
   Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes)."""
   if src_B is not None:  # one prefilled row per distinct prompt, copied to each of its sampled rows
@@ -113,7 +121,8 @@ def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, key, tempera
 
   def body(s):
     i = s["i"]
-    tok_B, logp_B = _pick(s["logits"], jax.random.fold_in(key, i), temperature, top_p, greedy, top_k, use_top_p)
+    step_keys_B = jax.vmap(jax.random.fold_in, (0, None))(keys_B, i)
+    tok_B, logp_B = _pick(s["logits"], step_keys_B, temperature, top_p, greedy, top_k, use_top_p)
     live_B = ~s["done"]
     recent_BL = jnp.concatenate([s["recent"][:, 1:], tok_B[:, None]], axis=1)
     stop_hit_B = jnp.any(jnp.all((recent_BL[:, None, :] == stop_NL[None]) | (stop_NL[None] < 0), axis=-1)
@@ -141,10 +150,12 @@ def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, key, tempera
 def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E, stop_NL, *, spec: ModelSpec,
                     dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool, prefill_chunk: int = 0):
   """Samples up to `max_new` tokens after left-padded prompts: prefill_prompts, then decode_tokens, one row
-  per prompt. Returns tokens_BN, logps_BN, lengths_B and reason_B as decode_tokens."""
+  per prompt, row b drawing with fold_in(key, b). Returns tokens_BN, logps_BN, lengths_B and reason_B as decode_tokens."""
   cache, logits_BV, pos_B = prefill_prompts(params, tokens_BP, valid_BP, spec=spec, dtype=dtype, max_new=max_new,
                                             prefill_chunk=prefill_chunk)
-  return decode_tokens(params, cache, logits_BV, pos_B, None, ~jnp.any(jnp.asarray(valid_BP), axis=1), key,
+  B = tokens_BP.shape[0]
+  return decode_tokens(params, cache, logits_BV, pos_B, None, ~jnp.any(jnp.asarray(valid_BP), axis=1),
+                       row_keys(key, 0, B),
                        temperature, top_p, eos_E, stop_NL, spec=spec, dtype=dtype, max_new=max_new, greedy=greedy,
                        top_k=top_k, use_top_p=use_top_p)
 
@@ -191,8 +202,8 @@ class Sampler:
     stop_NL = _stop_array(stop_sequences)
     out: list[Generation] = []
     step = self.batch_sizes[-1]
-    for c, start in enumerate(range(0, len(prompts), step)):
-      out += self._generate_batch(params, prompts[start:start + step], jax.random.fold_in(key, c), sp, stop_NL)
+    for start in range(0, len(prompts), step):
+      out += self._generate_batch(params, prompts[start:start + step], key, start, sp, stop_NL)
     return out
 
   def generate_text(self, params, texts: Sequence[str], key, sp: SamplingParams, tokenizer: Tokenizer,
@@ -206,7 +217,7 @@ class Sampler:
     """`generate` with fixed weights and sampling: the (prompt ids, key) -> generations of rollout.run_episodes."""
     return lambda prompts, key: self.generate(params, prompts, key, sp, stop_sequences)
 
-  def _generate_batch(self, params, prompts, key, sp: SamplingParams, stop_NL) -> list[Generation]:
+  def _generate_batch(self, params, prompts, key, first_row: int, sp: SamplingParams, stop_NL) -> list[Generation]:
     B = bucket(len(prompts), self.batch_sizes, "batch")
     Pn = bucket(max(map(len, prompts)), self.prompt_sizes, "prompt length")
     # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
@@ -242,7 +253,8 @@ class Sampler:
                                                                  **prefill_static))
       t1 = time.perf_counter()
       toks, logps, lens, reason = jax.device_get(decode_tokens(
-          params, cache, logits, pos, None if src_B is None else jnp.asarray(src_B), rows(is_pad_B), key,
+          params, cache, logits, pos, None if src_B is None else jnp.asarray(src_B), rows(is_pad_B),
+          row_keys(key, first_row, B),
           jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p), jnp.asarray(self.eos_E),
           jnp.asarray(stop_NL), **decode_static))
     self.times["prefill_s"] += t1 - t0

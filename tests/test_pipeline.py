@@ -277,6 +277,8 @@ def test_analyzer_off_means_plain_grpo():
     ("--config.model.path=/no/such/model", "config.model.path='/no/such/model' does not exist"),
     ("--config.model.attention=splash", "config.model.attention='splash' needs a TPU (this backend: cpu); choose "
      "auto, blocked or xla_blockwise"),
+    ("--config.model.attention=cudnn", "config.model.attention='cudnn' needs an NVIDIA GPU (this backend: cpu); "
+     "choose auto, blocked or xla_blockwise (or splash on a TPU)"),
 ])
 def test_config_errors_are_one_clear_line(flag, message):
   proc = subprocess.run([sys.executable, "-m", "seed_jax.main", "--config=configs/textworld_express.py", flag],

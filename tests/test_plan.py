@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -113,6 +114,35 @@ def test_notes_flag_rows_that_do_not_divide_the_mesh():
   assert "update micro-batch of 8 rows does not divide over data x fsdp = 16 devices" in out["notes"][0]
   sharded = plan.plan(SPEC, mesh, _workload(remat=True, micro=16))["items"]["update_activations_remat"]
   assert out["items"]["update_activations_remat"] == 8 * sharded  # 8 rows on every device instead of 1
+
+
+def test_auto_rows_are_the_largest_power_of_two_that_fits():
+  """sampler.max_batch / rescore.max_rows = 0 ("auto") on the paper's 3B setting and v5p-8 (4 chips): the
+  chosen row count fits and twice it does not; more memory never chooses fewer rows; nothing fits: the data size."""
+  from configs import sciworld
+  cfg = sciworld.get_config("paper")
+  cfg.model.path = "Qwen2.5-3B-Instruct"
+  cfg.rescore.pack_length = cfg.learner.pack_length = 0
+  spec, mesh, gib = plan.load_spec(cfg.model.path), {"data": 1, "fsdp": 4, "tensor": 1}, 1 << 30
+  cfg.rollout.tasks_per_update, cfg.rollout.group_size = 64, 8  # 512 episodes: the sampler's cap binds
+  peak = lambda c: plan.plan(spec, mesh, plan.Workload.from_config(c, 4))["peak"]
+  for field in ("sampler.max_batch", "rescore.max_rows"):
+    a, b = field.split(".")
+    rows = plan.fitting_rows(cfg, spec, mesh, 95 * gib, field)
+    assert 4 < rows < plan.AUTO_MAX_ROWS and rows & (rows - 1) == 0, (field, rows)
+    trial = ml_collections.ConfigDict(cfg.to_dict())
+    trial[a][b] = rows
+    assert peak(trial) <= 95 * gib
+    trial[a][b] = 2 * rows
+    assert peak(trial) > 95 * gib
+    assert plan.fitting_rows(cfg, spec, mesh, 400 * gib, field) >= rows
+    assert plan.fitting_rows(cfg, spec, mesh, gib, field) == 4
+  # At run time (pipeline.build) "auto" is sized for this machine's device memory; set values stay.
+  from seed_jax import pipeline
+  cfg.sampler.max_batch, cfg.rescore.max_rows = 0, 32
+  assert plan.device_memory_bytes() > 0
+  got = pipeline.auto_rows(cfg, SPEC, make_mesh((2, 4, 1)))
+  assert got[1] == 32 and got[0] >= 8 and got[0] & (got[0] - 1) == 0
 
 
 @pytest.mark.slow

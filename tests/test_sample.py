@@ -82,14 +82,14 @@ def test_top_k_and_top_p_never_leave_the_allowed_set():
   # probabilities 0.4, 0.3, 0.15, 0.1, 0.05 (and ~0 for the rest)
   probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05] + [1e-9] * 11)
   logits = jnp.asarray(np.log(probs)[None].repeat(256, 0), jnp.float32)
-  draw = lambda **kw: np.asarray(jax.vmap(lambda k: _pick(logits[:1], k, jnp.float32(1.0), kw.get("p", 1.0), False,
+  draw = lambda **kw: np.asarray(jax.vmap(lambda k: _pick(logits[:1], k[None], jnp.float32(1.0), kw.get("p", 1.0), False,
                                                           kw.get("k", 0), kw.get("p", 1.0) < 1)[0][0])(
       jax.random.split(jax.random.key(0), 4000)))
   assert set(draw(k=2).tolist()) == {0, 1}
   assert set(draw(p=0.7).tolist()) == {0, 1}  # 0.4 + 0.3 reaches 0.7: nothing after
   assert set(draw(p=0.71).tolist()) == {0, 1, 2}
   assert set(draw(k=3, p=0.5).tolist()) == {0, 1}
-  tok, logp = _pick(logits[:1], jax.random.key(0), jnp.float32(1.0), 0.5, False, 3, True)
+  tok, logp = _pick(logits[:1], jax.random.key(0)[None], jnp.float32(1.0), 0.5, False, 3, True)
   assert np.isclose(float(logp[0]), np.log(probs[int(tok[0])] / probs.sum()), atol=1e-5)  # full-distribution logp
 
 
@@ -125,6 +125,20 @@ def test_bad_input_and_oversized_batches():
   assert s.compiles.count == 4  # batch buckets 2 and 1, one prompt bucket: a prefill and a decode program each
 
 
+def test_samples_do_not_depend_on_how_a_request_is_split_into_calls():
+  """Row r draws with fold_in(key, r) whatever call it lands in: max_batch 2 (three calls) and 8 (one call)
+  sample the same tokens (log-probs within 1e-6: the prefill runs over other row counts), so max_batch is a
+  memory setting only."""
+  sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+  prompts = PROMPTS + PROMPTS[:2]
+  small = _sampler(max_batch=2).generate(PARAMS, prompts, jax.random.key(5), sp)
+  big = _sampler(max_batch=8).generate(PARAMS, prompts, jax.random.key(5), sp)
+  assert [g.tokens for g in small] == [g.tokens for g in big]
+  for a, b in zip(small, big):
+    np.testing.assert_allclose(a.logps, b.logps, atol=1e-6)
+  assert len({tuple(g.tokens) for g in big}) == len(prompts)
+
+
 def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
   sp = SamplingParams(temperature=0, max_new_tokens=6)
   free = _sampler().generate(PARAMS, PROMPTS[:3], jax.random.key(0), sp)
@@ -148,8 +162,7 @@ def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
 
 def test_identical_prompts_are_prefilled_once_and_sample_as_if_each_had_its_own():
   """A group's G rollouts start from one prompt: it is prefilled once and its cache copied to its rows. Every
-  row's tokens equal the undeduplicated generate_tokens' on the same padded batch and key (the sampler's first
-  batch folds 0 into it; same logits per row,
+  row's tokens equal the undeduplicated generate_tokens' on the same padded batch and key (same logits per row,
   same draws), log-probs within 1e-6 (prefill over fewer rows), and the prefill counts the distinct rows only."""
   prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[0], PROMPTS[1]]
   sp = SamplingParams(temperature=1.0, max_new_tokens=6)
@@ -159,7 +172,7 @@ def test_identical_prompts_are_prefilled_once_and_sample_as_if_each_had_its_own(
   for b, p in enumerate(prompts):
     tokens_BP[b, 16 - len(p):], valid_BP[b, 16 - len(p):] = p, True
   toks, logps, lens, _ = generate_tokens(
-      PARAMS, tokens_BP, valid_BP, jax.random.fold_in(jax.random.key(4), 0), jnp.float32(1.0), jnp.float32(1.0), jnp.asarray([-1], jnp.int32),
+      PARAMS, tokens_BP, valid_BP, jax.random.key(4), jnp.float32(1.0), jnp.float32(1.0), jnp.asarray([-1], jnp.int32),
       jnp.full((1, 1), -1, jnp.int32), spec=SPEC, dtype=jnp.float32, max_new=6, greedy=False, top_k=0,
       use_top_p=False)
   for b, g in enumerate(out):

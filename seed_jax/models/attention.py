@@ -182,6 +182,21 @@ def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: in
   return out[:, :T]
 
 
+def fused_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, implementation: str = "cudnn"):
+  """blockwise_causal_attention's contract on jax.nn.dot_product_attention: implementation "cudnn" is cuDNN's
+  fused flash attention (GPU; scores stay on chip), "xla" the same call in plain XLA (any backend: it checks
+  the mask and head layout here). Causality is the kernel's own mask; segments and padding go in as a
+  [B, 1, T, T] boolean mask (T^2 bytes per row). Query head k*G + g reads kv head k, as in our layout."""
+  del block  # the kernel tiles for itself
+  B, T, K, G, h = q_BTKGh.shape
+  seg_BT = segment_BT.astype(jnp.int32)
+  mask_B1TT = ((seg_BT[:, :, None] == seg_BT[:, None, :]) & (seg_BT[:, None, :] > 0))[:, None]
+  out_BTNh = jax.nn.dot_product_attention(q_BTKGh.reshape(B, T, K * G, h), k_BTKh, v_BTKh, mask=mask_B1TT,
+                                          is_causal=True, implementation=implementation)
+  out = out_BTNh.reshape(B, T, K, G, h).astype(jnp.float32)
+  return jnp.where((seg_BT > 0)[:, :, None, None, None], out, 0.0)  # padding rows: 0, as the other paths
+
+
 @functools.lru_cache(maxsize=16)
 def _splash_kernel(T: int, G: int, block: int, interpret: bool):
   """JAX's Pallas splash kernel for one kv head's G query heads over T slots, causal (built once per shape:

@@ -10,7 +10,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCaus
 _FAMILY = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
-ATTENTION_IMPLS = ("auto", "blocked", "xla_blockwise", "splash")
+ATTENTION_IMPLS = ("auto", "blocked", "xla_blockwise", "splash", "cudnn")
 PACKED_BLOCK = 128  # packed rows' attention tiles: small enough to skip most cross-segment work
 BLOCKWISE_MIN_TOKENS = 4096  # "auto" switches where the blocked path's T x T scores start to dominate memory
 
@@ -50,6 +50,7 @@ class ModelSpec:
   # "blocked": query blocks against every key up to their end, scores materialized (fastest for short rows);
   # "xla_blockwise": models/attention.py, online softmax over key tiles of attention_block slots, O(T) memory;
   # "splash": JAX's Pallas splash kernel (TPU; Pallas' interpreter elsewhere), same contract;
+  # "cudnn": cuDNN's fused attention through jax.nn.dot_product_attention (GPU), same contract;
   # "auto": xla_blockwise from BLOCKWISE_MIN_TOKENS tokens on.
   attention: str = "auto"
   attention_block: int = 512
@@ -60,7 +61,7 @@ class ModelSpec:
 
   def blockwise(self, tokens: int) -> bool:
     """Whether a forward over `tokens` slots attends tile by tile (models/attention.py), never [T, T] scores."""
-    return self.attention in ("xla_blockwise", "splash") or (
+    return self.attention in ("xla_blockwise", "splash", "cudnn") or (
         self.attention == "auto" and tokens >= BLOCKWISE_MIN_TOKENS)
 
   def for_packed_rows(self) -> "ModelSpec":

@@ -263,8 +263,8 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, seg
   k_BKhT = _to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
   v_BKTh = _to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
   if kv is None and mask_BTS is None:
-    kernel = attention.splash_causal_attention if spec.attention == "splash" else functools.partial(
-        attention.blockwise_causal_attention, dtype=dtype)
+    kernel = {"splash": attention.splash_causal_attention, "cudnn": attention.fused_causal_attention}.get(
+        spec.attention, functools.partial(attention.blockwise_causal_attention, dtype=dtype))
     o_BTKGh = kernel(q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, segment_BT, block=spec.attention_block)
     kv = (k_BKhT, v_BKTh)
   elif kv is None:

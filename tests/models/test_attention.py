@@ -69,6 +69,19 @@ def test_packed_rows_skip_the_tiles_of_other_segments():
       np.testing.assert_allclose(g, r, atol=5e-6)
 
 
+def test_fused_attention_call_equals_the_materialized_softmax():
+  """The cuDNN path's call (jax.nn.dot_product_attention with our mask and head layout), run by its XLA
+  implementation on this CPU: left padding, packed segments, grouped-query heads; values and gradients."""
+  q, k, v, seg, w = _inputs()
+  fused = lambda q, k, v: attention.fused_causal_attention(q, k, v, seg, implementation="xla")
+  np.testing.assert_allclose(fused(q, k, v), _reference(q, k, v, seg), atol=2e-6)
+  loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
+  got = jax.grad(loss(fused), (0, 1, 2))(q, k, v)
+  want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, seg)), (0, 1, 2))(q, k, v)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, atol=5e-6)
+
+
 def test_bf16_stays_close_to_fp32():
   q, k, v, seg, _ = _inputs(T=64)
   out = attention.blockwise_causal_attention(q, k, v, seg, block=16, dtype=jnp.bfloat16)
