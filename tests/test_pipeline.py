@@ -206,11 +206,11 @@ def test_killed_jvm_is_one_log_line_and_restarts_carry_across_resume(tiny_model_
   from envs_helpers import live_processes_in_groups
   real_rollout = pipeline._rollout
 
-  def rollout_after_a_kill(rt, params, u, key):
+  def rollout_after_a_kill(rt, params, u, key, clock=None):
     if u == 0:
       [jvm] = [pid for pid, cmd in live_processes_in_groups({rt.pool.worker_pids()[0]}) if "java" in cmd]
       os.kill(jvm, signal.SIGKILL)
-    return real_rollout(rt, params, u, key)
+    return real_rollout(rt, params, u, key, clock)
 
   monkeypatch.setattr(pipeline, "_rollout", rollout_after_a_kill)
   workdir = str(tmp_path / "run")
