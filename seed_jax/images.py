@@ -132,19 +132,26 @@ def layout_images(codec: ImageCodec, rows: int, length: int, segments: Sequence[
     positions[r, :, c + P:c + P + R] = P + int(delta_B[0]) + np.arange(R)
     is_image = prompt == vls.image_token_id
     index[r, c:c + P][is_image] = first_row[key] + np.arange(int(is_image.sum()))
-  if not grids:
+  if not grids and not patches:
     return None
   n = sum(len(p) for p in pixels)
-  padded = max(MIN_PATCH_BUCKET, 1 << (n - 1).bit_length(), patches)
+  padded = max(MIN_PATCH_BUCKET, 1 << max(n - 1, 0).bit_length(), patches)
   if padded > n:  # multiples of merge_unit (4) on both sides: a (1, 2, k) blank fills the gap exactly
-    pixels.append(np.zeros((padded - n, pixels[0].shape[1]), np.float32))
+    pixels.append(np.zeros((padded - n, vls.vision.patch_dim), np.float32))
     grids.append((1, vls.vision.merge_size, (padded - n) // vls.vision.merge_size))
   return vlm.ImageBatch(pixels_NP=np.concatenate(pixels), vision=vision.vision_inputs(vls.vision, grids),
                         index_BT=index, positions_B3T=positions)
 
 
-def stack_batches(batches: Sequence[vlm.ImageBatch]) -> vlm.ImageBatch:
-  """Per-micro-batch ImageBatches of equal shapes, concatenated along every leaf's leading axis (the update
-  splits them back by micro-batch); each keeps its own local feature-row indices."""
+def micro_batched(codec: ImageCodec, rows: int, length: int,
+                  segments: Sequence[Sequence[Segment]]) -> vlm.ImageBatch | None:
+  """One ImageBatch per group of `rows` rows (a micro-batch of the update), all padded to one patch count and
+  concatenated along every leaf's leading axis, so the update's per-micro-batch split gives each group its own
+  images with its own feature-row indices. segments[g]: group g's, rows local to the group. None without
+  frames."""
   import jax
+  patches = max((patch_bucket(codec, segs) for segs in segments), default=0)
+  if not patches:
+    return None
+  batches = [layout_images(codec, rows, length, segs, patches) for segs in segments]
   return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
