@@ -11,7 +11,7 @@ from seed_jax import images as images_lib
 from seed_jax import packing
 from seed_jax.buckets import TokenCount, bucket, pow2_sizes
 from seed_jax.envs.base import Trajectory
-from seed_jax.models.tokenizer import Tokenizer
+from seed_jax.models.tokenizer import Tokenizer, encode_chat
 from seed_jax.skills import augment_prompt
 from seed_jax.update import MiniBatch
 
@@ -46,7 +46,7 @@ def collect_samples(trajs: Sequence[Trajectory], skills: Sequence[str | None] | 
       frames.append(step.image)
       aug = step.prompt_tokens
       if skill:  # H(h, s) keeps the step's frame: the same image in the same place
-        aug = tokenizer.encode_chat(augment_prompt(step.prompt_text, skill, step.info.get("skill_at")), image=step.image)
+        aug = encode_chat(tokenizer, augment_prompt(step.prompt_text, skill, step.info.get("skill_at")), step.image)
       fits = len(aug) <= max_prompt_tokens
       skill_prompts.append(aug if fits else step.prompt_tokens)
       opd.append(bool(skill) and fits)

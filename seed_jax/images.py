@@ -77,12 +77,11 @@ class VLTokenizer(Tokenizer):
 
   def encode_chat(self, user_message: str, image: np.ndarray | None = None) -> list[int]:
     text = self.chat_prompt(user_message)
-    n = text.count(IMAGE_PLACEHOLDER)
-    if image is None and not n:
+    if image is None:  # a text prompt (the analysis, a text observation): "<image>" in it is plain text
       return self.encode(text)
-    if image is None or n != 1:
-      raise ValueError(f"a step prompt takes exactly one {IMAGE_PLACEHOLDER} placeholder with one frame; got {n} "
-                       f"placeholder(s) and {'a frame' if image is not None else 'no frame'}")
+    n = text.count(IMAGE_PLACEHOLDER)
+    if n != 1:
+      raise ValueError(f"a step prompt with a frame takes exactly one {IMAGE_PLACEHOLDER} placeholder, got {n}")
     vision_tokens = VISION_START + IMAGE_PAD * self.codec.num_tokens(image) + VISION_END
     return self.encode(text.replace(IMAGE_PLACEHOLDER, vision_tokens))
 

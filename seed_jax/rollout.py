@@ -15,6 +15,7 @@ import ml_collections
 
 from seed_jax.envs import prompting
 from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
+from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models.tokenizer import Tokenizer
 from seed_jax.sample import Generation
 
@@ -35,7 +36,6 @@ class FittedPrompt(NamedTuple):
   ids: list[int]  # chat-templated
   truncated: bool  # fewer than history_length pairs shown to fit
   skill_at: int | None  # where H(h, s) puts the skill block (skill_placement "placeholder"), else None
-  image: Any = None  # the frame in the prompt's vision tokens (image observations), else None
 
 
 def frame_of(env_cfg: Any, obs: Observation):
@@ -60,9 +60,9 @@ def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_descr
       cfg = ml_collections.ConfigDict(env_cfg.to_dict())
       cfg.history_length = window
     text, skill_at = prompting.split_skill_slot(family.render_prompt(task_description, history, obs, cfg))
-    ids = tokenizer.encode_chat(text, image=frame)
+    ids = tokenizer_lib.encode_chat(tokenizer, text, frame)
     if len(ids) <= max_tokens:
-      return FittedPrompt(text, ids, window < shown, skill_at, frame)
+      return FittedPrompt(text, ids, window < shown, skill_at)
   return None
 
 
@@ -106,7 +106,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       prompts[i] = fitted
     order = list(prompts)
     t0 = time.perf_counter()
-    frames = [prompts[i].image for i in order]
+    frames = [frame_of(env_cfg, episodes[i].obs) for i in order]  # what fit_prompt encoded
     gens = []
     if order and any(f is not None for f in frames):
       gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), frames)
@@ -114,7 +114,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t))
     tick("generate_s", t0)
     actions = {}
-    for i, gen in zip(order, gens):
+    for i, gen, frame in zip(order, gens, frames):
       ep = episodes[i]
       response = tokenizer.decode(gen.tokens)
       parsed = family.parse_action(response, env_cfg)
@@ -125,7 +125,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       ep.traj.steps.append(Step(
           prompt_text=prompts[i].text, prompt_tokens=prompts[i].ids, response_text=response,
           response_tokens=list(gen.tokens), logps=list(gen.logps), observation=ep.obs.text, action=parsed.action,
-          action_valid=parsed.valid, info=info, image=prompts[i].image))
+          action_valid=parsed.valid, info=info, image=frame))
     t0 = time.perf_counter()
     results = pool.step(actions)
     tick("env_s", t0)

@@ -68,6 +68,11 @@ class Tokenizer:
     return tokens, mask
 
 
+def encode_chat(tokenizer, user_message: str, image=None) -> list[int]:
+  """tokenizer.encode_chat with the prompt's frame where there is one (any tokenizer serves text prompts)."""
+  return tokenizer.encode_chat(user_message) if image is None else tokenizer.encode_chat(user_message, image=image)
+
+
 def from_hf_folder(path: str) -> Tokenizer:
   from transformers import AutoTokenizer
   if not os.path.isdir(path):
