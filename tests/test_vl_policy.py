@@ -124,8 +124,13 @@ def test_sampler_rescorer_and_update_agree_on_image_rows():
 
 
 @pytest.mark.slow
-def test_two_update_seed_run_with_image_observations(tmp_path):
-  out = pipeline.train(small_vl_config(updates=2), str(tmp_path))
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_two_update_seed_run_with_image_observations(tmp_path, pack):
+  cfg = small_vl_config(updates=2)
+  if not pack:  # one padded row per step-sample in the re-score and the update, π_old re-scored too
+    cfg.learner.pack_length = cfg.rescore.pack_length = 0
+    cfg.rescore.old_logps = "rescore"
+  out = pipeline.train(cfg, str(tmp_path))
   m = out["metrics"]
   assert out["stopped"] is None and int(out["state"].step) >= 2
   assert all(math.isfinite(m[k]) for k in ("update/loss", "update/grad_norm")) and m["update/skipped_total"] == 0
