@@ -1,21 +1,25 @@
 """EZPoints (two cards, make 12). Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §5).
 
-The paper's policy is a vision model; the policies here read text, so the cards are named in text (the env's
+The paper's policy is a vision model. The text variants read text, so the cards are named in text (the env's
 RGB rendering is turned off) and no history is shown, as in the paper. A solution takes 4 steps.
+"vl" / "paper,vl" = the vision-language policy seeing the RGB frame (configs/vl.py).
 "collect" / "annotate" / "sft" / "warmstart" (+ ",paper") = Stage 1 (configs/stage1.py).
 """
 import ml_collections
 
-from configs import stage1
+from configs import stage1, vl
 from configs.sciworld import text_game_config
 
 
 def get_config(variant: str = ""):
+  variant, visual = vl.split_variant(variant)
   c = text_game_config(variant, "ezpoints", env_config(), paper_tasks_per_update=16, paper_max_steps=8)
   if stage1.parse_variant(variant, "ezpoints")[0]:  # the reference's EZPoints settings (its launcher runs 100 updates)
     c.learner.minibatch_size = 128
     c.model.max_prompt_tokens = 1024
     c.train.num_updates = 100
+  if visual:
+    vl.apply(c, stage1.parse_variant(variant, "ezpoints")[0])
   return c
 
 

@@ -1,22 +1,26 @@
 """Sokoban 6x6, one box. Variants: "" = CPU-sized; "paper" = SEED's settings (docs/algorithm.md §5).
 
-The paper's policy is a vision model; the policies here read text, so the grid is shown as text (the env's RGB
+The paper's policy is a vision model. The text variants read text, so the grid is shown as text (the env's RGB
 rendering is turned off) and no history is shown, as in the paper.
+"vl" / "paper,vl" = the vision-language policy seeing the RGB frame (configs/vl.py).
 "collect" / "annotate" / "sft" / "warmstart" (+ ",paper") = Stage 1 (configs/stage1.py).
 """
 import ml_collections
 
-from configs import stage1
+from configs import stage1, vl
 from configs.sciworld import text_game_config
 
 
 def get_config(variant: str = ""):
+  variant, visual = vl.split_variant(variant)
   c = text_game_config(variant, "sokoban", env_config(), paper_tasks_per_update=32, paper_max_steps=15)
   if stage1.parse_variant(variant, "sokoban")[0]:  # the reference's Sokoban settings
     c.learner.minibatch_size = 64
     c.model.max_prompt_tokens = 1024
     c.env.search_depth = 30
     c.analyzer.external.json_retry = True
+  if visual:
+    vl.apply(c, stage1.parse_variant(variant, "sokoban")[0])
   return c
 
 

@@ -122,8 +122,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                      f"config.learner.micro_batch_size={cfg.learner.micro_batch_size}")
   path = cfg.model.path
   if not path:
-    raise ValueError("config.model.path is empty: give --config.model.path=<HF folder | .gguf file | embedded>")
-  if path != "embedded" and not os.path.exists(path):
+    raise ValueError("config.model.path is empty: give --config.model.path=<HF folder | .gguf file | embedded | embedded-vl>")
+  if path not in ("embedded", "embedded-vl") and not os.path.exists(path):
     raise ValueError(f"config.model.path={path!r} does not exist")
   if cfg.stage == "annotate" and cfg.annotate.analyzer == "local" and not cfg.annotate.local_model_path:
     raise ValueError("config.annotate.local_model_path is empty: the 'local' analyzer needs a model "

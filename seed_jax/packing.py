@@ -149,3 +149,19 @@ def in_slots(values_N: Sequence, slot_of_N: np.ndarray, slots: int, fill, dtype,
     else:
       out[s, :len(v)] = v
   return out
+
+
+def segments(layout: Layout, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+             frames: Sequence) -> list[list[tuple]]:
+  """Per group, where each sequence sits (as fill_rows places it): (row within the group, first column, prompt,
+  response, frame) for images.layout_images."""
+  out = []
+  for group in layout.groups:
+    segs = []
+    for w, members in enumerate(group):
+      a = 0
+      for n in members:
+        segs.append((w, a, prompts[n], responses[n], frames[n]))
+        a += len(prompts[n]) + len(responses[n])
+    out.append(segs)
+  return out

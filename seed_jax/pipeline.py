@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, losses, packing, skills
+from seed_jax import advantages, analyzers, images, losses, packing, skills
 from seed_jax import plan as plan_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
@@ -57,6 +57,7 @@ class Runtime:
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
   stop_sequences: list[list[int]]
   update_compiles: CompileCounter = dataclasses.field(default_factory=CompileCounter)
+  codec: images.ImageCodec | None = None  # a vision-language policy's image side (None: text-only)
 
   def close(self):
     self.pool.close()
@@ -77,20 +78,31 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
         f"{jax.process_count()} processes: the update, checkpoints and weight loading run multi-host, but the "
         "sampler and re-scorer still read whole batches back on every process; run on one host until they take "
         "process-local rows (infra/distributed.py: host_slice, global_batch, local_rows, agree_max)")
+  image_obs = cfg.env.get("observation", "text") == "image"
+  if image_obs and not weights.is_vision_language(cfg.model.path):
+    raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
+                     f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "
+                     f"point config.model.path at a Qwen2.5-VL folder (or 'embedded-vl')")
+  if image_obs and cfg.learner.teacher != "old":
+    raise ValueError("config.env.observation='image' serves config.learner.teacher='old' only")
   mesh = mesh_lib.mesh_from_config(cfg.mesh)  # [scale] presets, multi-slice, TPU device order
   spec, params = weights.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  codec = None
+  if spec.vision is not None:  # the checkpoint's processor bounds and vision tokens
+    codec = images.ImageCodec.from_folder(weights.resolve_path(cfg.model.path))
+    tok = images.VLTokenizer(tok, codec)
   family = get_family(cfg.env.name)
   max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
   max_batch, max_rows = auto_rows(cfg, spec, mesh)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=max_prompt, max_batch=max_batch,
                                                      dtype=cfg.sampler.dtype,
-                                                     prefill_chunk=cfg.sampler.prefill_chunk), mesh)
+                                                     prefill_chunk=cfg.sampler.prefill_chunk), mesh, codec)
   rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
       max_rows=max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
-      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
+      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh, codec)
   loss_cfg = effective_loss_config(cfg)
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
@@ -105,7 +117,7 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
                  train_tasks=family.tasks(cfg.env, cfg.env.train_split),
                  eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
-                 stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])
+                 stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings], codec=codec)
 
 
 def auto_rows(cfg: ml_collections.ConfigDict, spec, mesh) -> tuple[int, int]:
@@ -263,12 +275,14 @@ def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool)
   with_skills = with_skills and bool(samples.opd_mask_N.any())
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
   contexts = ([] if reuse else [samples.prompts]) + skill_ctx
-  lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature)[0] if contexts else []
+  lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
+                         images=samples.images)[0] if contexts else []
   old = [np.asarray(x, np.float32) for x in samples.sampled_logps] if reuse else lp[0]
   ref = None
   if rt.loss_cfg.kl_coef:
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
-    ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses, cfg.rollout.temperature)[0][0]
+    ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses, cfg.rollout.temperature,
+                            images=samples.images)[0][0]
   return old, lp[-1] if skill_ctx else old, ref
 
 
@@ -327,15 +341,16 @@ def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_lo
                                      length=cfg.learner.pack_length, group_tokens=micro * (Pn + R),
                                      row_multiple=data)
         mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
-                                           ref_logp=ref_logp, skill_logp=skill_logp)
+                                           ref_logp=ref_logp, skill_logp=skill_logp, codec=rt.codec)
         shape = ("packed", len(layout.groups), layout.rows_per_group, layout.length, layout.slots_per_group, R_pack)
       else:
         mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
                                  old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
-                                 with_skill_prompts=skill_prompts)
+                                 with_skill_prompts=skill_prompts, codec=rt.codec, micro_batch_size=micro)
         t = batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts)
         shape = ("padded", rows, Pn, R, skill_prompts)
       tokens.add(t)
+      shape += (0 if mb.images is None else mb.images.pixels_NP.shape[0],)  # image patches
       if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
         log.info("compiling update: %s", " x ".join(map(str, shape)))
       with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays

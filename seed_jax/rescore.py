@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from seed_jax import images as images_lib
 from seed_jax import packing
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
@@ -26,23 +27,24 @@ log = logging.getLogger(__name__)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "chunk", "with_entropy"))
-def rescore(params, prompt_CBP, pvalid_CBP, resp_BR, rmask_BR, temperature, *, spec: ModelSpec, dtype, chunk: int,
-            with_entropy: bool = True):
+def rescore(params, prompt_CBP, pvalid_CBP, resp_BR, rmask_BR, temperature, images=None, *, spec: ModelSpec, dtype,
+            chunk: int, with_entropy: bool = True):
   """The same responses under C contexts (e.g. ordinary and skill-augmented prompts) in ONE forward pass
-  over the C*B stacked rows. Returns logp_CBR and entropy_CBR (0 on padding)."""
+  over the C*B stacked rows (`images`: their frames, laid out for the [C*B, P + R] rows). Returns logp_CBR and
+  entropy_CBR (0 on padding)."""
   C, B, Pn = prompt_CBP.shape
   tile = lambda x: jnp.broadcast_to(x[None], (C,) + x.shape).reshape((C * B,) + x.shape[1:])
   logp, ent = response_logprobs(params, spec, prompt_CBP.reshape(C * B, Pn), pvalid_CBP.reshape(C * B, Pn),
-                                tile(resp_BR), tile(rmask_BR), temperature, dtype=dtype, chunk=chunk,
+                                tile(resp_BR), tile(rmask_BR), temperature, images, dtype=dtype, chunk=chunk,
                                 with_entropy=with_entropy)
   return logp.reshape(C, B, -1), ent.reshape(C, B, -1)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "chunk", "with_entropy"))
-def rescore_packed(params, rows: PackedRows, resp_SR, rmask_SR, temperature, *, spec: ModelSpec, dtype, chunk: int,
-                   with_entropy: bool = True):
+def rescore_packed(params, rows: PackedRows, resp_SR, rmask_SR, temperature, images=None, *, spec: ModelSpec,
+                   dtype, chunk: int, with_entropy: bool = True):
   """Every (context, sample) sequence packed into rows: one forward, (logp_SR, entropy_SR) per slot."""
-  return packed_logprobs(params, spec, rows, resp_SR, rmask_SR, temperature, dtype=dtype, chunk=chunk,
+  return packed_logprobs(params, spec, rows, resp_SR, rmask_SR, temperature, images, dtype=dtype, chunk=chunk,
                          with_entropy=with_entropy)
 
 
@@ -65,8 +67,9 @@ class Rescorer:
   `tokens` sums what the passes cost: contexts x rows bucket x (prompt bucket + response bucket) positions
   against the real prompt and response lengths of every context's rows."""
 
-  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None):
+  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None, codec=None):
     self.spec, self.pad_id, self.cfg, self.mesh = spec, pad_id, cfg, mesh
+    self.codec = codec  # images.ImageCodec of a VL policy
     data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
     self.row_sizes = pow2_sizes(data, max(cfg.max_rows, data))
     self.prompt_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
@@ -75,32 +78,38 @@ class Rescorer:
     self.tokens = TokenCount()
 
   def score(self, params, contexts: Sequence[Sequence[Sequence[int]]], responses: Sequence[Sequence[int]],
-            temperature: float, with_entropy: bool = False) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """contexts[c][i]: prompt ids of sample i under context c; responses[i]: its response ids.
+            temperature: float, with_entropy: bool = False, images: Sequence | None = None
+            ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
+    """contexts[c][i]: prompt ids of sample i under context c; responses[i]: its response ids; images[i]: the
+    frame of sample i's prompts (None: text), the same under every context.
     Returns per-context, per-sample arrays of log-probs and entropies (each of len(responses[i]))."""
     C, N = len(contexts), len(responses)
     if any(len(ctx) != N for ctx in contexts):
       raise ValueError(f"every context needs one prompt per response ({N})")
+    images = [None] * N if images is None else list(images)
+    if any(f is not None for f in images) and self.codec is None:
+      raise ValueError("samples with images need a vision-language policy (config.model.path)")
     if self.cfg.pack_length > 0:
-      return self._score_packed(params, contexts, responses, temperature, with_entropy)
+      return self._score_packed(params, contexts, responses, temperature, with_entropy, images)
     logps = [[None] * N for _ in range(C)]
     ents = [[None] * N for _ in range(C)]
     per_pass = max(1, self.row_sizes[-1] // C)
     for start in range(0, N, per_pass):
       idx = list(range(start, min(N, start + per_pass)))
       lp, en = self._score_batch(params, [[ctx[i] for i in idx] for ctx in contexts], [responses[i] for i in idx],
-                                 temperature, with_entropy)
+                                 temperature, with_entropy, [images[i] for i in idx])
       for c in range(C):
         for j, i in enumerate(idx):
           n = len(responses[i])
           logps[c][i], ents[c][i] = lp[c, j, :n], en[c, j, :n]
     return logps, ents
 
-  def _score_packed(self, params, contexts, responses, temperature, with_entropy):
+  def _score_packed(self, params, contexts, responses, temperature, with_entropy, images):
     """All C*N (prompt, response) sequences packed into equal passes of at most pack_tokens positions."""
     C, N = len(contexts), len(responses)
     prompts = [p for ctx in contexts for p in ctx]
     resps = [r for _ in contexts for r in responses]
+    frames = [f for _ in contexts for f in images]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
     data = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -113,8 +122,11 @@ class Rescorer:
     self.tokens.add(layout.tokens(sum(map(len, prompts)), C * sum(map(len, responses)), R))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
-    if self.compiles.see(("rescore_packed", W, L, S, R, with_entropy)):
-      log.info("compiling rescore: %d packed rows of %d, %d slots, response %d", W, L, S, R)
+    segs = packing.segments(layout, prompts, resps, frames) if self.codec is not None else []
+    patches = max((images_lib.patch_bucket(self.codec, s) for s in segs), default=0)  # one count for every pass
+    if self.compiles.see(("rescore_packed", W, L, S, R, patches, with_entropy)):
+      log.info("compiling rescore: %d packed rows of %d, %d slots, response %d, image patches %d", W, L, S, R,
+               patches)
     lp_out, en_out = [], []
     for g in range(len(layout.groups)):
       if not layout.groups[g]:  # group-count padding: nothing to score
@@ -124,11 +136,12 @@ class Rescorer:
       part = lambda x, n: x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
                          part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
+      image_batch = images_lib.layout_images(self.codec, W, L, segs[g], patches) if patches else None
       if self.mesh is not None:
         args = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(
             self.mesh, P(*([("data", "fsdp")] + [None] * (x.ndim - 1))))), args)
       with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-        lp, en = jax.device_get(rescore_packed(params, *args, jnp.float32(temperature), **static))
+        lp, en = jax.device_get(rescore_packed(params, *args, jnp.float32(temperature), image_batch, **static))
       lp_out.append(lp)
       en_out.append(en)
     lp, en = np.concatenate(lp_out), np.concatenate(en_out)
@@ -136,7 +149,7 @@ class Rescorer:
     ents = [[en[slot_of[c * N + i], :len(responses[i])] for i in range(N)] for c in range(C)]
     return logps, ents
 
-  def _score_batch(self, params, contexts, responses, temperature, with_entropy):
+  def _score_batch(self, params, contexts, responses, temperature, with_entropy, frames):
     C, N = len(contexts), len(responses)
     B = bucket(N, self.row_sizes, "samples")
     Pn = bucket(max(len(p) for ctx in contexts for p in ctx), self.prompt_sizes, "prompt length")
@@ -157,13 +170,18 @@ class Rescorer:
                                rows_forwarded=C * B, rows_real=C * N))
     chunk = min(self.cfg.vocab_chunk, R)
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=chunk, with_entropy=with_entropy)
-    if self.compiles.see(("rescore", C, B, Pn, R, with_entropy)):
-      log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d", C, B, Pn, R)
+    image_batch = None if self.codec is None else images_lib.layout_images(
+        self.codec, C * B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
+                                    for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
+    patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
+    if self.compiles.see(("rescore", C, B, Pn, R, patches, with_entropy)):
+      log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d, image patches %d", C, B, Pn, R,
+               patches)
     args = (prompt, pvalid, resp, rmask)
     if self.mesh is not None:
       rows = lambda nd, lead: NamedSharding(self.mesh, P(*([None] * lead + [("data", "fsdp")] + [None] * (nd - lead - 1))))
       args = (jax.device_put(prompt, rows(3, 1)), jax.device_put(pvalid, rows(3, 1)),
               jax.device_put(resp, rows(2, 0)), jax.device_put(rmask, rows(2, 0)))
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-      lp, en = rescore(params, *args, jnp.float32(temperature), **static)
+      lp, en = rescore(params, *args, jnp.float32(temperature), image_batch, **static)
     return jax.device_get((lp, en))

@@ -15,11 +15,12 @@ import ml_collections
 
 from seed_jax.envs import prompting
 from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
+from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models.tokenizer import Tokenizer
 from seed_jax.sample import Generation
 
-# (prompt token lists, PRNG key) -> one Generation per prompt
-GenerateFn = Callable[[list[list[int]], Any], list[Generation]]
+# (prompt token lists, PRNG key[, one frame or None per prompt]) -> one Generation per prompt
+GenerateFn = Callable[..., list[Generation]]
 
 
 @dataclasses.dataclass
@@ -37,18 +38,29 @@ class FittedPrompt(NamedTuple):
   skill_at: int | None  # where H(h, s) puts the skill block (skill_placement "placeholder"), else None
 
 
+def frame_of(env_cfg: Any, obs: Observation):
+  """The observation's RGB frame when the env shows images (env.observation "image"), else None."""
+  if env_cfg.get("observation", "text") != "image":
+    return None
+  if obs.info.get("image") is None:
+    raise ValueError("env.observation='image' but the observation has no frame: set env.render_image=True")
+  return obs.info["image"]
+
+
 def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_description: str,
                history: Sequence[tuple[str, str]], obs: Observation, max_tokens: int) -> FittedPrompt | None:
   """The step prompt showing the last `history_length` pairs of the whole episode `history`, showing fewer
-  (oldest dropped first) while it exceeds `max_tokens`; None if even no history fits."""
+  (oldest dropped first) while it exceeds `max_tokens`; None if even no history fits. With image observations
+  only the current frame enters the prompt (past observations are text)."""
   shown = min(env_cfg.history_length, len(history))
+  frame = frame_of(env_cfg, obs)
   for window in range(shown, -1, -1):
     cfg = env_cfg
     if window != env_cfg.history_length:
       cfg = ml_collections.ConfigDict(env_cfg.to_dict())
       cfg.history_length = window
     text, skill_at = prompting.split_skill_slot(family.render_prompt(task_description, history, obs, cfg))
-    ids = tokenizer.encode_chat(text)
+    ids = tokenizer_lib.encode_chat(tokenizer, text, frame)
     if len(ids) <= max_tokens:
       return FittedPrompt(text, ids, window < shown, skill_at)
   return None
@@ -94,10 +106,15 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       prompts[i] = fitted
     order = list(prompts)
     t0 = time.perf_counter()
-    gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t)) if order else []
+    frames = [frame_of(env_cfg, episodes[i].obs) for i in order]  # what fit_prompt encoded
+    gens = []
+    if order and any(f is not None for f in frames):
+      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), frames)
+    elif order:
+      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t))
     tick("generate_s", t0)
     actions = {}
-    for i, gen in zip(order, gens):
+    for i, gen, frame in zip(order, gens, frames):
       ep = episodes[i]
       response = tokenizer.decode(gen.tokens)
       parsed = family.parse_action(response, env_cfg)
@@ -108,7 +125,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
       ep.traj.steps.append(Step(
           prompt_text=prompts[i].text, prompt_tokens=prompts[i].ids, response_text=response,
           response_tokens=list(gen.tokens), logps=list(gen.logps), observation=ep.obs.text, action=parsed.action,
-          action_valid=parsed.valid, info=info))
+          action_valid=parsed.valid, info=info, image=frame))
     t0 = time.perf_counter()
     results = pool.step(actions)
     tick("env_s", t0)

@@ -19,10 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from seed_jax import images as images_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
+from seed_jax.models import vlm
 from seed_jax.models.spec import ModelSpec
 from seed_jax.models.tokenizer import Tokenizer
 
@@ -85,16 +87,19 @@ def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_t
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "prefill_chunk"))
-def prefill_prompts(params, tokens_UP, valid_UP, *, spec: ModelSpec, dtype, max_new: int, prefill_chunk: int = 0):
+def prefill_prompts(params, tokens_UP, valid_UP, images: vlm.ImageBatch | None = None, *, spec: ModelSpec, dtype,
+                    max_new: int, prefill_chunk: int = 0):
   """The prompts' KV cache (room for `max_new` more tokens), the next-token logits and the next position of
-  each left-padded row (valid_UP: bool validity; rows with no valid token are batch padding)."""
-  P = tokens_UP.shape[1]
+  each left-padded row (valid_UP: bool validity; rows with no valid token are batch padding). `images`: the
+  rows' frames (vlm.ImageBatch); their prompts take 3-D positions, and decoding goes on at the next text
+  position + the rope offset, which is the prompt's largest position + 1 either way."""
+  U, P = tokens_UP.shape
   params = tf.cast_params(params, dtype)
-  positions_UP = tf.left_pad_positions(valid_UP)
-  hidden_UPD, cache = tf.prefill(params, spec, tokens_UP, positions_UP, valid_UP.astype(jnp.int32), P + max_new,
-                                 dtype, chunk=prefill_chunk)
+  positions, embeds = vlm.forward_inputs(params, spec, images, tf.left_pad_positions(valid_UP), dtype)
+  hidden_UPD, cache = tf.prefill(params, spec, tokens_UP, positions, valid_UP.astype(jnp.int32), P + max_new,
+                                 dtype, chunk=prefill_chunk, embeds=embeds)
   logits_UV = tf.logits_from_hidden(params, spec, hidden_UPD[:, -1:], dtype)[:, 0]
-  return cache, logits_UV, positions_UP[:, -1] + 1
+  return cache, logits_UV, jnp.max(positions.reshape(-1, U, P), axis=(0, 2)) + 1
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
@@ -178,9 +183,9 @@ class Sampler:
   real prompt lengths), response positions the decode steps (rows bucket x steps the loop ran against the
   tokens generated)."""
 
-  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None):
+  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None, codec=None):
     check_choice("sampler.dtype", cfg.dtype)
-    self.spec, self.cfg, self.mesh = spec, cfg, mesh
+    self.spec, self.cfg, self.mesh, self.codec = spec, cfg, mesh, codec  # codec: images.ImageCodec of a VL policy
     self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
     data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
     self.batch_sizes = pow2_sizes(max(cfg.min_batch, data), max(cfg.max_batch, data))
@@ -190,9 +195,16 @@ class Sampler:
     self.times = {"prefill_s": 0.0, "decode_s": 0.0}  # wall time of the calls, summed
 
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
-               stop_sequences: Sequence[Sequence[int]] = ()) -> list[Generation]:
+               stop_sequences: Sequence[Sequence[int]] = (), images: Sequence | None = None) -> list[Generation]:
+    """`images`: one uint8 frame (or None) per prompt, for the prompt's vision tokens (images.VLTokenizer)."""
     if not prompts:
       return []
+    if images is not None and any(f is not None for f in images) and self.codec is None:
+      raise ValueError("prompts with images need a vision-language policy (config.model.path); "
+                       "or set config.env.observation='text'")
+    images = list(images) if images is not None else [None] * len(prompts)
+    if len(images) != len(prompts):
+      raise ValueError(f"{len(images)} images for {len(prompts)} prompts: give one (or None) per prompt")
     for i, p in enumerate(prompts):
       if len(p) == 0:
         raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
@@ -203,7 +215,8 @@ class Sampler:
     out: list[Generation] = []
     step = self.batch_sizes[-1]
     for start in range(0, len(prompts), step):
-      out += self._generate_batch(params, prompts[start:start + step], key, start, sp, stop_NL)
+      out += self._generate_batch(params, prompts[start:start + step], key, start, sp, stop_NL,
+                                  images[start:start + step])
     return out
 
   def generate_text(self, params, texts: Sequence[str], key, sp: SamplingParams, tokenizer: Tokenizer,
@@ -215,16 +228,25 @@ class Sampler:
   def rollout_fn(self, params, sp: SamplingParams, stop_sequences: Sequence[Sequence[int]] = ()
                  ) -> Callable[[list[list[int]], Any], list[Generation]]:
     """`generate` with fixed weights and sampling: the (prompt ids, key) -> generations of rollout.run_episodes."""
-    return lambda prompts, key: self.generate(params, prompts, key, sp, stop_sequences)
+    return lambda prompts, key, images=None: self.generate(params, prompts, key, sp, stop_sequences, images)
 
-  def _generate_batch(self, params, prompts, key, first_row: int, sp: SamplingParams, stop_NL) -> list[Generation]:
+  def _generate_batch(self, params, prompts, key, first_row: int, sp: SamplingParams, stop_NL,
+                      frames) -> list[Generation]:
     B = bucket(len(prompts), self.batch_sizes, "batch")
     Pn = bucket(max(map(len, prompts)), self.prompt_sizes, "prompt length")
     # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
-    # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows.
-    first: dict[tuple[int, ...], int] = {}
-    src_N = np.asarray([first.setdefault(tuple(p), len(first)) for p in prompts], np.int32)
-    unique = list({tuple(p): p for p in prompts}.values()) if len(first) < len(prompts) else prompts
+    # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows. A prompt with
+    # a frame is identical only with the same frame.
+    first: dict[tuple, int] = {}
+    keys = [(tuple(p), None if f is None else images_lib.frame_key(f)) for p, f in zip(prompts, frames)]
+    src_N = np.asarray([first.setdefault(k, len(first)) for k in keys], np.int32)
+    if len(first) < len(prompts):
+      pick: dict[tuple, int] = {}
+      for n, k in enumerate(keys):
+        pick.setdefault(k, n)  # each distinct prompt's first row, in the order of `first`
+      unique, frames = [prompts[n] for n in pick.values()], [frames[n] for n in pick.values()]
+    else:
+      unique = prompts
     U = bucket(len(unique), self.batch_sizes, "batch")
     tokens_UP = np.zeros((U, Pn), np.int32)
     valid_UP = np.zeros((U, Pn), bool)
@@ -233,14 +255,18 @@ class Sampler:
       valid_UP[u, Pn - len(p):] = True
     src_B = None if U == B and len(unique) == len(prompts) else np.pad(src_N, (0, B - len(prompts)),
                                                                         constant_values=U - 1)
+    image_batch = None if self.codec is None else images_lib.layout_images(
+        self.codec, U, Pn, [(u, Pn - len(p), p, (), f) for u, (p, f) in enumerate(zip(unique, frames))])
+    n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     is_pad_B = np.arange(B) >= len(prompts)
     greedy = sp.temperature == 0
     decode_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
                          top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
     prefill_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens,
                           prefill_chunk=self.cfg.prefill_chunk)
-    if self.compiles.see(("prefill", U, Pn, tuple(sorted(prefill_static.items(), key=str)))):
-      log.info("compiling prefill: batch %d, prompt %d (%d programs)", U, Pn, self.compiles.count)
+    if self.compiles.see(("prefill", U, Pn, n_patches, tuple(sorted(prefill_static.items(), key=str)))):
+      log.info("compiling prefill: batch %d, prompt %d, image patches %d (%d programs)", U, Pn, n_patches,
+               self.compiles.count)
     if self.compiles.see(("decode", U, B, src_B is None, Pn, stop_NL.shape,
                           tuple(sorted(decode_static.items(), key=str)))):
       log.info("compiling decode: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
@@ -250,7 +276,7 @@ class Sampler:
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
       t0 = time.perf_counter()
       cache, logits, pos = jax.block_until_ready(prefill_prompts(params, rows(tokens_UP), rows(valid_UP),
-                                                                 **prefill_static))
+                                                                 image_batch, **prefill_static))
       t1 = time.perf_counter()
       toks, logps, lens, reason = jax.device_get(decode_tokens(
           params, cache, logits, pos, None if src_B is None else jnp.asarray(src_B), rows(is_pad_B),

@@ -49,6 +49,8 @@ class MiniBatch:
   opd_mask_B: jax.Array | None = None
   skill_prompt_BP: jax.Array | None = None  # teacher="current": the skill-augmented prompts
   skill_pvalid_BP: jax.Array | None = None
+  # The rows' frames (vlm.ImageBatch; images.micro_batched lays them out per micro-batch), None for text.
+  images: Any = None
   micro_batches: int = flax.struct.field(pytree_node=False, default=0)  # packed: groups (0 = padded layout)
 
 
@@ -139,17 +141,20 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
   kw = dict(dtype=dtype, chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
   fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, **kw)
   skill_logp = mb.skill_logp_BR
+  if mb.images is not None and teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
+    raise ValueError("image observations serve learner.teacher='old' only")
   if mb.packed is not None:
     if teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
       raise ValueError("packed mini-batches serve learner.teacher='old' only")
-    logp, ent = packed_logprobs(params, spec, mb.packed, mb.resp_BR, mb.rmask_BR, temperature, **kw)
+    logp, ent = packed_logprobs(params, spec, mb.packed, mb.resp_BR, mb.rmask_BR, temperature, mb.images, **kw)
   elif teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
     both = lambda a, b: jnp.concatenate([a, b], axis=0)
     logp2, ent2 = fwd(both(mb.prompt_BP, mb.skill_prompt_BP), both(mb.pvalid_BP, mb.skill_pvalid_BP),
                       both(mb.resp_BR, mb.resp_BR), both(mb.rmask_BR, mb.rmask_BR))
     logp, ent, skill_logp = logp2[:B], ent2[:B], jax.lax.stop_gradient(logp2[B:])
   else:
-    logp, ent = fwd(mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR)
+    logp, ent = response_logprobs(params, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, temperature,
+                                  mb.images, **kw)
   return losses.seed_loss(
       logp, old_logp_BT=mb.old_logp_BR, adv=mb.adv_B, mask_BT=mb.rmask_BR, norm=norm, cfg=loss_cfg,
       entropy_BT=ent if loss_cfg.entropy_coef else None, ref_logp_BT=mb.ref_logp_BR if loss_cfg.kl_coef else None,

@@ -54,3 +54,18 @@ def test_paper_configs_validate(env, tmp_path):
   c = _paper(env)
   c.model.path = str(tmp_path)  # :paper leaves it to the user
   validate(c)
+
+
+@pytest.mark.parametrize("env", ["sokoban", "ezpoints"])
+def test_paper_vl_values(env, tmp_path):
+  """`:paper,vl`: the paper's visual settings (Qwen2.5-VL-3B-Instruct from RGB frames) on top of `:paper`."""
+  c = importlib.import_module(f"configs.{env}").get_config("paper,vl")
+  assert (c.env.observation, c.env.render_image) == ("image", True)
+  assert c.model.path == ""  # required: the Qwen2.5-VL-3B-Instruct folder
+  assert (c.model.max_prompt_tokens, c.analyzer.max_new_tokens, c.sft.lr) == (1024, 2048, 2e-6)
+  got = (c.rollout.tasks_per_update, c.rollout.group_size, c.env.max_steps, c.env.history_length,
+         c.learner.minibatch_size, c.model.max_prompt_tokens, c.train.num_updates)
+  assert got == TABLE[env]
+  assert (c.learner.lr, c.learner.teacher, c.objectives.opd_coef, c.objectives.kl_coef) == (1e-6, "old", 0.01, 0.01)
+  c.model.path = str(tmp_path)
+  validate(c)

@@ -85,6 +85,9 @@ class Step:
   reward: float = 0.0
   done: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # The uint8 [H, W, 3] frame of the prompt's <image> (env.observation "image"), else None. Kept as rendered:
+  # the skill-augmented context reattaches this same array, and preprocessing happens per batch.
+  image: Any = None
 
 
 @dataclasses.dataclass

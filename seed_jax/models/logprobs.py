@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from seed_jax.models import transformer as tf
+from seed_jax.models import vlm
 from seed_jax.models.spec import ModelSpec
 
 F32 = jnp.float32
@@ -33,20 +34,22 @@ def entropy_BT(logits_BTV: jax.Array, temperature: float = 1.0) -> jax.Array:
   return entropy_from_logits_BT(logits_BTV.astype(F32) / temperature)
 
 
-def response_logprobs(params, spec: ModelSpec, prompt_BP, pvalid_BP, resp_BR, rmask_BR, temperature, *, dtype,
-                      chunk: int, remat: bool = False, with_entropy: bool = True):
+def response_logprobs(params, spec: ModelSpec, prompt_BP, pvalid_BP, resp_BR, rmask_BR, temperature,
+                      images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool = False,
+                      with_entropy: bool = True):
   """Per-token log π(resp_r | prompt, resp_<r) and entropy, both of the temperature-scaled distribution.
 
   prompt_BP/pvalid_BP: left-padded prompt ids and validity; resp_BR/rmask_BR: right-padded responses.
-  The vocabulary projection is `token_logprobs` (chunked). Returns (logp_BR, entropy_BR), 0 where rmask_BR
-  is False.
+  The vocabulary projection is `token_logprobs` (chunked). `images`: the rows' frames laid out for the
+  [B, P + R] rows (images.layout_images). Returns (logp_BR, entropy_BR), 0 where rmask_BR is False.
   """
   B, Pn = prompt_BP.shape
   R = resp_BR.shape[1]
   tokens_BT = jnp.concatenate([prompt_BP, resp_BR], axis=1)
   valid_BT = jnp.concatenate([pvalid_BP, rmask_BR], axis=1)
-  hidden_BTD, _ = tf.forward(params, spec, tokens_BT, tf.left_pad_positions(valid_BT), valid_BT.astype(jnp.int32),
-                             None, dtype, remat)
+  positions, embeds = vlm.forward_inputs(params, spec, images, tf.left_pad_positions(valid_BT), dtype)
+  hidden_BTD, _ = tf.forward(params, spec, tokens_BT, positions, valid_BT.astype(jnp.int32), None, dtype, remat,
+                             embeds=embeds)
   hidden_BRD = hidden_BTD[:, Pn - 1:Pn - 1 + R]
   return token_logprobs(params, spec, hidden_BRD, resp_BR, rmask_BR, temperature, dtype=dtype, chunk=chunk,
                         remat=remat, with_entropy=with_entropy)
@@ -64,11 +67,14 @@ class PackedRows:
   col_SR: Any
 
 
-def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature, *, dtype,
-                    chunk: int, remat: bool = False, with_entropy: bool = True):
-  """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False."""
-  hidden_WLD, _ = tf.forward(params, spec.for_packed_rows(), rows.tokens_WL, rows.positions_WL, rows.segment_WL, None,
-                             dtype, remat)
+def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature,
+                    images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool = False,
+                    with_entropy: bool = True):
+  """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False. `images`:
+  the segments' frames laid out for the [W, L] rows (their positions replace rows.positions_WL)."""
+  positions, embeds = vlm.forward_inputs(params, spec, images, rows.positions_WL, dtype)
+  hidden_WLD, _ = tf.forward(params, spec.for_packed_rows(), rows.tokens_WL, positions, rows.segment_WL, None,
+                             dtype, remat, embeds=embeds)
   hidden_SRD = hidden_WLD[rows.row_S[:, None], rows.col_SR]
   return token_logprobs(params, spec, hidden_SRD, resp_SR, rmask_SR, temperature, dtype=dtype,
                         chunk=min(chunk, resp_SR.shape[1]), remat=remat, with_entropy=with_entropy)

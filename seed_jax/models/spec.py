@@ -46,6 +46,9 @@ class ModelSpec:
   # Multimodal rotary (Qwen2.5-VL): the head_dim/2 frequencies split into (t, h, w) sections, each rotated by
   # its own axis of [3, B, T] positions. None: positions are [B, T] (text models).
   mrope_section: tuple[int, ...] | None = None
+  # Qwen2.5-VL: the vision tower's VisionSpec (models/vision.py); params then hold its weights under "vision" and
+  # the jitted forwards take an image batch (models/vlm.ImageBatch). None: a text-only model.
+  vision: Any = None
   # How the cache-less forward attends (an execution choice, not architecture; config.model.attention):
   # "blocked": query blocks against every key up to their end, scores materialized (fastest for short rows);
   # "xla_blockwise": models/attention.py, online softmax over key tiles of attention_block slots, O(T) memory;

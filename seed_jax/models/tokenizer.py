@@ -42,7 +42,12 @@ class Tokenizer:
     """Token ids of `text` as is (special-token strings in it are matched; nothing is added)."""
     return self.hf.encode(text, add_special_tokens=False)
 
-  def encode_chat(self, user_message: str) -> list[int]:
+  def encode_chat(self, user_message: str, image=None) -> list[int]:
+    """The chat-templated ids of one user message. `image` (a frame for the message's `<image>`) needs a
+    vision-language tokenizer (images.VLTokenizer)."""
+    if image is not None:
+      raise ValueError("this tokenizer takes no images: image observations need a vision-language checkpoint "
+                       "(config.model.path), or set config.env.observation='text'")
     return self.encode(self.chat_prompt(user_message))
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -61,6 +66,11 @@ class Tokenizer:
         tokens[b, T - len(row):] = row
         mask[b, T - len(row):] = True
     return tokens, mask
+
+
+def encode_chat(tokenizer, user_message: str, image=None) -> list[int]:
+  """tokenizer.encode_chat with the prompt's frame where there is one (any tokenizer serves text prompts)."""
+  return tokenizer.encode_chat(user_message) if image is None else tokenizer.encode_chat(user_message, image=image)
 
 
 def from_hf_folder(path: str) -> Tokenizer:
@@ -107,7 +117,6 @@ def from_gguf(path: str) -> Tokenizer:
 
 def load_tokenizer(path: str) -> Tokenizer:
   """Same `path` convention as weights.load_model: an HF folder, a .gguf file, or "embedded"."""
-  from seed_jax.models.weights import embedded_model_path
-  if path in ("", "embedded"):
-    path = embedded_model_path()
+  from seed_jax.models.weights import resolve_path
+  path = resolve_path(path)
   return from_gguf(path) if path.endswith(".gguf") else from_hf_folder(path)

@@ -70,6 +70,17 @@ class VLSpec:
             "dtype": "float32"}
 
 
+def policy_spec(vls: VLSpec) -> ModelSpec:
+  """The decoder's spec carrying the vision tower's: what the sampler, re-scorer and update close over."""
+  return dataclasses.replace(vls.text, vision=vls.vision)
+
+
+def policy_params(params: Params) -> Params:
+  """{"vision", "lm"} as one policy tree: the decoder's weights at the top (transformer reads them as they
+  are) and the tower's under "vision", so one optimizer state and checkpoint cover both."""
+  return {**params["lm"], "vision": params["vision"]}
+
+
 def init_params(vls: VLSpec, seed: int = 0) -> Params:
   return {"vision": vision.init_params(vls.vision, seed), "lm": transformer.init_params(vls.text, seed + 1)}
 
@@ -171,3 +182,29 @@ def logits(params: Params, vls: VLSpec, tokens_BT, segment_BT, pixels_NP, inputs
   """fp32 logits [B, T, V] of a prompt with images (no cache)."""
   hidden_BTD, _ = forward(params, vls, tokens_BT, segment_BT, pixels_NP, inputs, None, dtype)
   return transformer.logits_from_hidden(params["lm"], vls.text, hidden_BTD, dtype)
+
+
+# ------------------------------------------------------------------ image batches of the policy's jitted calls
+
+
+@flax.struct.dataclass
+class ImageBatch:
+  """The images of one jitted call laid out for its token rows [B, T] (images.layout_images builds it): the
+  processor patches of every image of the call (padded to a bucket of N patches), the tower's tables, the
+  feature row each placeholder takes (-1 elsewhere) and the M-RoPE positions of every token, [B, 3, T] so
+  that every leaf splits by its leading axis into micro-batches."""
+  pixels_NP: Any
+  vision: VisionInputs
+  index_BT: Any
+  positions_B3T: Any
+
+
+def forward_inputs(params, spec: ModelSpec, images: ImageBatch | None, positions_BT, dtype=jnp.float32):
+  """(positions, embeds) for transformer.forward / prefill: the text positions and no rows without images;
+  with them the 3-D positions and the tower's rows for the placeholders (the tower runs here, in the jit)."""
+  if images is None:
+    return positions_BT, None
+  if spec.vision is None:
+    raise ValueError("an image batch needs a vision-language spec (ModelSpec.vision)")
+  rows_UD = vision.encode(params["vision"], spec.vision, images.pixels_NP, images.vision, dtype)
+  return jnp.moveaxis(images.positions_B3T, 1, 0), (images.index_BT, rows_UD)

