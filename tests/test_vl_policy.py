@@ -65,6 +65,22 @@ def test_text_only_checkpoint_with_image_observations_is_one_clear_error():
   assert "\n" not in msg and "config.env.observation" in msg and "config.model.path" in msg
 
 
+def test_the_tower_is_sharded_like_the_decoder():
+  """On an 8-device mesh (2 data x 4 fsdp) every policy weight, the tower's too, sits on a NamedSharding by its
+  logical axes (the MLP's input width over fsdp), so the train state keeps the weights' layout."""
+  import optax
+  from jax.sharding import NamedSharding
+  from seed_jax import update
+  from seed_jax.infra.mesh import make_mesh
+  from seed_jax.models import weights
+  mesh = make_mesh((2, 4, 1))
+  _, params = weights.load_model("embedded-vl", mesh)
+  assert all(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(params))
+  w_gate = params["vision"]["blocks"]["w_gate"]
+  assert w_gate.sharding.spec[1] == "fsdp" and w_gate.addressable_shards[0].data.shape[1] == w_gate.shape[1] // 4
+  assert update.state_shardings(params, optax.adamw(1e-5)) is not None
+
+
 def test_cpu_vl_configs():  # :paper,vl is pinned in tests/test_paper_configs.py
   for mod in (sokoban, ezpoints):
     c = mod.get_config("vl")

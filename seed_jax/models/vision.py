@@ -99,6 +99,18 @@ def param_shapes(vs: VisionSpec) -> Params:
   return {"patch_embed": (vs.patch_dim, D), "blocks": blocks, "merger": merger}
 
 
+def param_axes(vs: VisionSpec) -> Params:
+  """Logical axes of every tower weight (infra/mesh.py rules), as the decoder's: the model width over "embed"
+  (fsdp), the MLP width over "mlp" (tensor); the fused q/k/v and merger widths, and biases, are not split."""
+  del vs
+  blocks = {"attn_norm": ("layers", "embed"), "w_qkv": ("layers", "embed", None), "b_qkv": ("layers", None),
+            "wo": ("layers", None, "embed"), "bo": ("layers", "embed"), "mlp_norm": ("layers", "embed"),
+            "w_gate": ("layers", "embed", "mlp"), "b_gate": ("layers", "mlp"), "w_up": ("layers", "embed", "mlp"),
+            "b_up": ("layers", "mlp"), "w_down": ("layers", "mlp", "embed"), "b_down": ("layers", "embed")}
+  merger = {"norm": ("embed",), "w1": (None, None), "b1": (None,), "w2": (None, "embed"), "b2": ("embed",)}
+  return {"patch_embed": (None, "embed"), "blocks": blocks, "merger": merger}
+
+
 def init_params(vs: VisionSpec, seed: int = 0) -> Params:
   """Random weights (norms 1, biases 0): for tests and shape checks, not a trained tower."""
   keys = iter(jax.random.split(jax.random.key(seed), 32))

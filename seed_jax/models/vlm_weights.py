@@ -36,7 +36,7 @@ def _lm_keys(lm: str) -> dict[str, str]:
 
 def load_hf(path: str, mesh=None) -> tuple[VLSpec, Params]:
   """Loads a Qwen2.5-VL HF checkpoint folder: (spec, {"vision": ..., "lm": ...}); the language model's weights
-  are placed like weights.load_hf's (sharded under `mesh`), the vision tower's on the default device."""
+  and the vision tower's are placed by their logical axes (sharded under `mesh`, as weights.load_hf's)."""
   cfg, tensor, names = weights.open_hf_folder(path)
   vls = VLSpec.from_hf_config(cfg)
   visual, lm = _LAYOUTS["transformers4" if "model.language_model.embed_tokens.weight" in names else "hub"]
@@ -64,7 +64,10 @@ def load_hf(path: str, mesh=None) -> tuple[VLSpec, Params]:
   patch = tensor(f"{visual}{_PATCH}")
   vision_params = {"patch_embed": weights._to_ours(patch.reshape(patch.shape[0], -1), "in", vshapes["patch_embed"],
                                                    f"{visual}{_PATCH}"), "blocks": blocks, "merger": merger}
-  return vls, {"vision": jax.device_put(vision_params), "lm": lm_params}
+  place = weights.default_placer(mesh, spec)
+  vision_params = jax.tree.map(lambda ax, w: place(ax, w), vision.param_axes(vs), vision_params,
+                               is_leaf=lambda x: isinstance(x, tuple))
+  return vls, {"vision": vision_params, "lm": lm_params}
 
 
 def export_hf(params: Params, vls: VLSpec, out_dir: str) -> None:

@@ -277,15 +277,13 @@ def resolve_path(path: str) -> str:
 def load_model(path: str, mesh=None) -> tuple[ModelSpec, Params]:
   """`path`: an HF folder, a .gguf file, "embedded" for the default SmolLM2-135M-Instruct, or "embedded-vl" for
   the tiny random Qwen2.5-VL. A Qwen2.5-VL folder loads as a policy (vlm.policy_spec / policy_params): the
-  decoder's spec with the tower's, the decoder's weights with the tower's under "vision" (replicated on `mesh`)."""
+  decoder's spec with the tower's, the decoder's weights with the tower's under "vision" (both sharded on `mesh`
+  by their logical axes)."""
   vl = is_vision_language(path)
   path = resolve_path(path)
   if vl:
-    from jax.sharding import NamedSharding, PartitionSpec
     from seed_jax.models import vlm, vlm_weights
     vls, params = vlm_weights.load_hf(path, mesh)
-    if mesh is not None:
-      params["vision"] = jax.device_put(params["vision"], NamedSharding(mesh, PartitionSpec()))
     return vlm.policy_spec(vls), vlm.policy_params(params)
   if path.endswith(".gguf"):
     return load_gguf(path, mesh)
