@@ -148,7 +148,42 @@ def rope(x_BTNh, cos_BTh, sin_BTh):
 
 
 def _dot(eq, a, b, dtype):
-  return jnp.einsum(eq, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+  """An activation x weight projection, fp32 results. On XLA:CPU the weight gradient goes through
+  `_cpu_projection`, whose backward feeds the library's dot kernels operands they take."""
+  a, b = a.astype(dtype), b.astype(dtype)
+  lhs, out = eq.split("->")
+  sa, sb = lhs.split(",")
+  if jax.default_backend() == "cpu" and sb[0] in sa:  # weight [contracted..., out...] (not "btd,vd->btv")
+    return _cpu_projection(eq, a, b)
+  return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _cpu_projection(eq, a, b):
+  return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+
+
+def _cpu_projection_fwd(eq, a, b):
+  return _cpu_projection(eq, a, b), (a, b)
+
+
+def _cpu_projection_bwd(eq, res, g):
+  """d(activation) as autodiff writes it; d(weight) contracts the activation's batch/length dims, which XLA:CPU
+  would hand to its slower generic dot (contracting the major dims); a transposed copy of the activation, kept
+  by an optimization barrier, makes them minor, and the dot runs in the fused library kernel (forward +
+  backward at 1536 tokens on an AMD EPYC: one SmolLM2 MLP 91 ms against 119 ms, one layer 225 against 254)."""
+  a, b = res
+  lhs, so = eq.split("->")
+  sa, sb = lhs.split(",")
+  da = jnp.einsum(f"{so},{sb}->{sa}", g.astype(b.dtype), b, preferred_element_type=jnp.float32)
+  batch = "".join(c for c in sa if c in so and c not in sb)
+  rest = "".join(c for c in sa if c not in batch)
+  a_t = jax.lax.optimization_barrier(jnp.einsum(f"{sa}->{rest + batch}", a))
+  db = jnp.einsum(f"{rest + batch},{so}->{sb}", a_t, g.astype(a.dtype), preferred_element_type=jnp.float32)
+  return da.astype(a.dtype), db.astype(b.dtype)
+
+
+_cpu_projection.defvjp(_cpu_projection_fwd, _cpu_projection_bwd)
 
 
 _batched_dot = attention.batched_dot
