@@ -68,11 +68,13 @@ class ModelSpec:
         self.attention == "auto" and tokens >= BLOCKWISE_MIN_TOKENS)
 
   def for_packed_rows(self) -> "ModelSpec":
-    """The spec of a forward over packed rows (several sequences per row): with "auto" it attends blockwise in
-    tiles of PACKED_BLOCK slots, which skips the tiles between segments (models/attention.block_ranges). One
-    row of 1536 slots in four segments, SmolLM2-135M, XLA:CPU on an AMD EPYC: forward 1.29 s against 1.74 s
-    blocked, forward + backward (remat) 7.3 s against 8.7 s."""
-    if self.attention != "auto":
+    """The spec of a forward over packed rows (several sequences per row): with "auto" on XLA:CPU it attends
+    blockwise in tiles of PACKED_BLOCK slots, which skips the tiles between segments
+    (models/attention.block_ranges). One row of 1536 slots in four segments, SmolLM2-135M, AMD EPYC: forward
+    1.29 s against 1.74 s blocked, forward + backward (remat) 7.3 s against 8.7 s. Accelerators keep "auto"'s
+    choice by length (not measured there; "splash" takes segment ids on TPU)."""
+    import jax
+    if self.attention != "auto" or jax.default_backend() != "cpu":
       return self
     return dataclasses.replace(self, attention="xla_blockwise", attention_block=PACKED_BLOCK)
 
