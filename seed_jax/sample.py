@@ -237,24 +237,20 @@ class Sampler:
     # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
     # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows. A prompt with
     # a frame is identical only with the same frame.
-    first: dict[tuple, int] = {}
     keys = [(tuple(p), None if f is None else images_lib.frame_key(f)) for p, f in zip(prompts, frames)]
-    src_N = np.asarray([first.setdefault(k, len(first)) for k in keys], np.int32)
-    if len(first) < len(prompts):
-      pick: dict[tuple, int] = {}
-      for n, k in enumerate(keys):
-        pick.setdefault(k, n)  # each distinct prompt's first row, in the order of `first`
-      unique, frames = [prompts[n] for n in pick.values()], [frames[n] for n in pick.values()]
-    else:
-      unique = prompts
+    first: dict[tuple, int] = {}  # distinct prompt (with its frame) -> its first row
+    for n, k in enumerate(keys):
+      first.setdefault(k, n)
+    slot = {k: u for u, k in enumerate(first)}
+    src_N = np.asarray([slot[k] for k in keys], np.int32)
+    unique, frames = [prompts[n] for n in first.values()], [frames[n] for n in first.values()]
     U = bucket(len(unique), self.batch_sizes, "batch")
     tokens_UP = np.zeros((U, Pn), np.int32)
     valid_UP = np.zeros((U, Pn), bool)
     for u, p in enumerate(unique):
       tokens_UP[u, Pn - len(p):] = p
       valid_UP[u, Pn - len(p):] = True
-    src_B = None if U == B and len(unique) == len(prompts) else np.pad(src_N, (0, B - len(prompts)),
-                                                                        constant_values=U - 1)
+    src_B = None if len(unique) == len(prompts) else np.pad(src_N, (0, B - len(prompts)), constant_values=U - 1)
     image_batch = None if self.codec is None else images_lib.layout_images(
         self.codec, U, Pn, [(u, Pn - len(p), p, (), f) for u, (p, f) in enumerate(zip(unique, frames))])
     n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
