@@ -3,6 +3,8 @@
 # program; JAX joins them into one job). Arguments go to seed_jax.main unchanged, e.g.
 #   launch/run.sh --config=configs/sciworld.py:paper --config.model.path=/models/Qwen2.5-7B-Instruct \
 #                 --config.mesh.preset=v5p_8 --workdir=runs/sciworld-7b
+# On a multi-host slice (v5p-16: --config.mesh.preset=v5p_16) each worker's process plays its share of the
+# environments and supplies its rows of every device call; --workdir must be storage every worker sees.
 # Foreground (default): every worker's output streams here; Ctrl-C stops the ssh sessions.
 # DETACH=1: the run continues after you disconnect; follow it with launch/logs.sh.
 set -euo pipefail

@@ -57,8 +57,7 @@ class PolicyAnalyzer:
     self.stats = AnalyzerStats()
 
   def analyze(self, prompts: list[str]) -> list[str]:
-    if not prompts:
-      return []
+    """Calls `generate` even with no prompts: with several processes the decode is collective."""
     replies = list(self._generate(list(prompts)))
     if len(replies) != len(prompts):
       raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")

@@ -73,8 +73,8 @@ def pad_right(seqs: Sequence[Sequence[float]], rows: int, length: int, fill, dty
 
 def shapes_for(samples: Samples, min_bucket: int = 64, with_skill: bool = True) -> tuple[int, int]:
   """Bucketed (prompt, response) lengths shared by every mini-batch of one update: one compiled program."""
-  longest_p = max(len(p) for p in (samples.prompts + (samples.skill_prompts if with_skill else [])))
-  longest_r = max(len(r) for r in samples.responses)
+  longest_p = max((len(p) for p in (samples.prompts + (samples.skill_prompts if with_skill else []))), default=1)
+  longest_r = max((len(r) for r in samples.responses), default=1)
   sizes = lambda n: pow2_sizes(min_bucket, max(min_bucket, 1 << (n - 1).bit_length()))
   return bucket(longest_p, sizes(longest_p), "prompt"), bucket(longest_r, sizes(longest_r), "response")
 

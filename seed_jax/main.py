@@ -69,6 +69,14 @@ def main(argv):
   if cfg.compile_cache.enabled:
     from seed_jax.infra import compile_cache
     compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
+  if cfg.stage != "rl":
+    from seed_jax.infra import distributed
+    try:
+      if distributed.initialize(cfg.distributed):
+        sys.exit(f"multi-host error: stage {cfg.stage!r} runs on one process (this job has several); only "
+                 "stage 'rl' runs multi-host (README: Pods)")
+    except distributed.SetupError as e:
+      sys.exit(f"multi-host error: {e}")
   if cfg.stage == "generate":
     print(generate_once(cfg))
     return
@@ -76,7 +84,7 @@ def main(argv):
     run_stage1(cfg)
     return
   from seed_jax import pipeline
-  from seed_jax.infra import preflight
+  from seed_jax.infra import distributed, preflight
   from seed_jax.infra.checkpoint import CheckpointWriteError
   suffix = "-eval" if cfg.stage == "eval" else ""
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -90,6 +98,8 @@ def main(argv):
     sys.exit(f"workdir error: {e}")
   except CheckpointWriteError as e:  # the run stopped before work it could not save; the same command resumes
     sys.exit(f"checkpoint error: {e}")
+  except distributed.SetupError as e:
+    sys.exit(f"multi-host error: {e}")
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop
     exit_after_stop(out, workdir)

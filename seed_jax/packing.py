@@ -92,8 +92,8 @@ def plan_layout(lengths: Sequence[int], *, length: int, group_tokens: int, row_m
   counts come from geometric_sizes (rows and slots in multiples of `row_multiple`, the data-parallel shards),
   and slots are at least one per 512 row tokens, so successive updates, whose lengths differ a little, reuse
   the same compiled shapes."""
-  if not lengths:
-    raise ValueError("nothing to pack")
+  if not lengths:  # a process with no sequences still takes part in every process's passes
+    return Layout(length, ((),), row_multiple, row_multiple)
   fits = [L for L in row_lengths(length) if L >= max(lengths)] or [1 << (max(lengths) - 1).bit_length()]
   layouts = [_layout(lengths, L, group_tokens, row_multiple) for L in fits]
   cost = lambda lay: lay.computed_rows * lay.length
@@ -110,6 +110,15 @@ def _layout(lengths: Sequence[int], L: int, group_tokens: int, row_multiple: int
   groups = tuple(tuple(tuple(r) for r in rows[g * per_group:(g + 1) * per_group]) for g in range(n_groups))
   need = max(max(sum(len(r) for r in g) for g in groups), per_group * L // 512)
   return Layout(L, groups, per_group, row_multiple * size_at_least(-(-need // row_multiple)))
+
+
+def resized(layout: Layout, length: int, groups: int, rows_per_group: int, slots_per_group: int) -> Layout:
+  """The same placement in shapes at least as large (the largest over processes, so every process's passes
+  have one shape): longer rows, trailing empty groups, more rows and slots per group."""
+  if (length < layout.length or groups < len(layout.groups) or rows_per_group < layout.rows_per_group
+      or slots_per_group < layout.slots_per_group):
+    raise ValueError(f"resized: {length, groups, rows_per_group, slots_per_group} is smaller than {layout}")
+  return Layout(length, layout.groups + ((),) * (groups - len(layout.groups)), rows_per_group, slots_per_group)
 
 
 def fill_rows(layout: Layout, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, images, losses, packing, skills
+from seed_jax import advantages, analyzers, images, losses, packing, shares, skills
 from seed_jax import plan as plan_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
@@ -72,13 +72,10 @@ def effective_loss_config(cfg: ml_collections.ConfigDict) -> losses.SeedLossConf
 
 
 def build(cfg: ml_collections.ConfigDict) -> Runtime:
-  distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
-  if jax.process_count() > 1:  # [scale]
-    raise NotImplementedError(
-        f"{jax.process_count()} processes: the update, checkpoints and weight loading run multi-host, but the "
-        "sampler and re-scorer still read whole batches back on every process; run on one host until they take "
-        "process-local rows (infra/distributed.py: host_slice, global_batch, local_rows, agree_max)")
+  multi = distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
   image_obs = cfg.env.get("observation", "text") == "image"
+  if multi and image_obs:
+    raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has {jax.process_count()}")
   if image_obs and not weights.is_vision_language(cfg.model.path):
     raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
                      f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "
@@ -86,6 +83,12 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   if image_obs and cfg.learner.teacher != "old":
     raise ValueError("config.env.observation='image' serves config.learner.teacher='old' only")
   mesh = mesh_lib.mesh_from_config(cfg.mesh)  # [scale] presets, multi-slice, TPU device order
+  if multi:  # each process supplies the rows of its own environments
+    distributed.check_row_split(mesh)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    if cfg.learner.micro_batch_size % dp:
+      raise distributed.SetupError(f"config.learner.micro_batch_size={cfg.learner.micro_batch_size} does not divide over "
+                       f"data x fsdp = {dp} devices of {jax.process_count()} processes: make it a multiple of {dp}")
   spec, params = weights.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
@@ -109,7 +112,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
       chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher,
       state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
-  n_envs = max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
+  procs = jax.process_count()  # [scale] each process's pool holds its share of the groups and eval episodes
+  n_envs = max(-(-cfg.rollout.tasks_per_update // procs) * cfg.rollout.group_size, -(-eval_chunk(cfg) // procs))
   pool = EnvPool(family, cfg.env, n_envs)
   return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
                  rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg,
@@ -118,6 +122,11 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
                  eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
                              for s in cfg.eval.split.split(",") if s},
                  stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings], codec=codec)
+
+
+def eval_chunk(cfg: ml_collections.ConfigDict) -> int:
+  """Panel episodes played at once (over all processes): one update's episodes or eval.batch_envs."""
+  return max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
 
 
 def auto_rows(cfg: ml_collections.ConfigDict, spec, mesh) -> tuple[int, int]:
@@ -186,10 +195,11 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   with timer.phase("rollout"), sampler_times(rt.sampler, clock):
     trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0), clock)
   tokens["rollout"] = rt.sampler.tokens - before
-  good = [t for t in trajs if t.termination != "env_error"]
-  metrics = rollout_metrics(trajs, "rollout")
+  good = [t for t in trajs if t.termination != "env_error"]  # this process's
+  everyone = shares.gather_trajectories(trajs)  # [scale] metrics and dumps are over every process's episodes
+  metrics = rollout_metrics(everyone, "rollout")
   metrics.update({f"time/rollout_{k}": v for k, v in clock.items()})
-  if not any(t.steps for t in good):
+  if not any(t.steps for t in everyone if t.termination != "env_error"):
     log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
     return state, metrics
   analysis = None
@@ -200,9 +210,10 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
       analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
     tokens["analysis"] = rt.sampler.tokens - before
     metrics.update({f"time/analysis_{k}": v for k, v in clock.items()})
-    metrics["analysis/parse_rate"] = analysis.parse_rate
-    metrics["analysis/salvaged_rate"] = analysis.salvaged_rate
-    writer.dump_jsonl("skills", u, _skill_records(good, analysis))
+    records = shares.gather_records(_skill_records(good, analysis))
+    metrics["analysis/parse_rate"] = float(np.mean([r["ok"] for r in records])) if records else 0.0
+    metrics["analysis/salvaged_rate"] = float(np.mean([r["salvaged"] for r in records])) if records else 0.0
+    writer.dump_jsonl("skills", u, records)
   samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
                                       cfg.model.max_prompt_tokens)
   before = rt.rescorer.tokens.copy()
@@ -211,7 +222,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
   tokens["rescore"] = rt.rescorer.tokens - before
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
-  metrics.update(advantage_metrics(adv_N))
+  metrics.update(advantage_metrics(shares.gather_concat(adv_N)))  # groups are host-local: no gather needed above
   metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
@@ -220,10 +231,11 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     if cfg.learner.schedule == "warmup_constant":
       lr = update_lib.update_lr(cfg.learner, u, cfg.train.num_updates)
       state, metrics["update/lr"] = update_lib.with_update_lr(state, lr), lr
-    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, adv_N, old_logp, ref_logp, skill_logp, key)
+    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, shares.step_keys(good), adv_N, old_logp,
+                                               ref_logp, skill_logp, key)
   metrics.update(upd)
-  metrics.update(_report(rt, trajs, samples, timer.pop(), tokens))
-  writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in trajs[:cfg.train.dump_trajectories]])
+  metrics.update(_report(rt, everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
+  writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in everyone[:cfg.train.dump_trajectories]])
   return state, metrics
 
 
@@ -236,15 +248,17 @@ def sampler_times(sampler: Sampler, clock: dict[str, float]):
 
 
 def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = None) -> list[Trajectory]:
-  """group_size rollouts of each of update u's tasks with the current weights."""
+  """group_size rollouts of each of update u's tasks with the current weights: this process's share of the
+  tasks (shares.my_tasks), each episode drawing as the b * G + g-th of the update."""
   cfg = rt.cfg
   G = cfg.rollout.group_size
   tasks = tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
+  mine = [(b, g) for b in shares.my_tasks(len(tasks)) for g in range(G)]
   sp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-  return run_episodes(rt.pool, rt.family, cfg.env, [t for t in tasks for _ in range(G)],
-                      [u * len(tasks) + b for b in range(len(tasks)) for _ in range(G)],
-                      [g for _ in tasks for g in range(G)], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
-                      rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens, clock=clock)
+  return run_episodes(rt.pool, rt.family, cfg.env, [tasks[b] for b, _ in mine], [u * len(tasks) + b for b, _ in mine],
+                      [g for _, g in mine], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
+                      rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens, clock=clock,
+                      episode_ids=[b * G + g for b, g in mine])
 
 
 def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:
@@ -272,7 +286,7 @@ def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool)
   cfg = rt.cfg
   reuse = old_logps_from_sampler(cfg)
   # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
-  with_skills = with_skills and bool(samples.opd_mask_N.any())
+  with_skills = with_skills and distributed.any_process(samples.opd_mask_N.any())  # [scale] the same passes everywhere
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
   contexts = ([] if reuse else [samples.prompts]) + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
@@ -295,15 +309,17 @@ def advantage_metrics(adv_N: np.ndarray) -> dict[str, float]:
 
 def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> list[dict]:
   return [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success, ok=p.ok, skill=p.skill,
-               summary=p.summary, error=p.error, reply=r) for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
+               summary=p.summary, error=p.error, reply=r, salvaged=p.salvaged) for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
 
 
 def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples, times: dict[str, float],
             tokens: dict[str, TokenCount]) -> dict[str, float]:
-  """The update's remaining metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts,
+  """`trajs` and `tokens` are every process's, `samples` this process's, `times` its own. The update's remaining
+  metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts,
   and per phase the token positions computed against the real ones (tokens/<phase>_forwarded, _real; 0 for a
   phase that did not run)."""
-  m = {"opd/analyzed_row_frac": float(samples.opd_mask_N.mean()) if len(samples) else 0.0}
+  opd_N = shares.gather_concat(samples.opd_mask_N)
+  m = {"opd/analyzed_row_frac": float(opd_N.mean()) if opd_N.size else 0.0}
   m.update(times)
   gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
   m["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
@@ -314,50 +330,61 @@ def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples
   return m
 
 
-def _ppo_epochs(rt: Runtime, state, samples, adv_N, old_logp, ref_logp, skill_logp, key):
+def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, skill_logp, key):
   """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps. Also
   returns the token positions the steps computed (padded: rows x (Pn + R) per step, both contexts with teacher
-  "current"; packed: the packed rows) against the real rows' prompt and response lengths."""
+  "current"; packed: the packed rows) against the real rows' prompt and response lengths.
+
+  `keys` (shares.step_keys) place this process's samples in the canonical order the mini-batches are drawn
+  over; each process lays out its members of a mini-batch (shapes agreed over processes) as its share of every
+  micro-batch (distributed.grouped_global_batch)."""
   cfg = rt.cfg
-  N, micro = len(samples), cfg.learner.micro_batch_size
+  micro, procs = cfg.learner.micro_batch_size, jax.process_count()
+  micro_l = max(1, micro // procs)  # this process's rows of a padded micro-batch
   skill_prompts = rt.teacher.update_reads_skill_prompts
   pack = cfg.learner.pack_length > 0 and not skill_prompts  # teacher "current" scores both contexts in the padded layout
-  data = rt.mesh.shape["data"] * rt.mesh.shape["fsdp"]
-  Pn, R = batch_lib.shapes_for(samples, with_skill=skill_prompts)
-  R_pack = bucket(max(map(len, samples.responses)), pow2_sizes(16, max(16, cfg.rollout.max_new_tokens)),
-                  "response length")
-  per = min(cfg.learner.minibatch_size, N)
-  rows = micro * (1 << (-(-per // micro) - 1).bit_length())  # padded to a power-of-two count of micro-batches
+  Pn, R, R_pack = distributed.agree_max(*batch_lib.shapes_for(samples, with_skill=skill_prompts), bucket(
+      max(map(len, samples.responses), default=1), pow2_sizes(16, max(16, cfg.rollout.max_new_tokens)),
+      "response length"))
+  draw = shares.MinibatchDraw(keys)
+  per = min(cfg.learner.minibatch_size, draw.total)
   sums_all: dict[str, float] = {}
   rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 2))).ravel().tolist())
   n_steps = 0
   tokens = TokenCount()
-  for _ in range(cfg.learner.ppo_epochs):
-    order = rng.permutation(N)
-    for start in range(0, N, per):
-      idx = order[start:start + per]
-      if pack:
-        layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx],
-                                     length=cfg.learner.pack_length, group_tokens=micro * (Pn + R),
-                                     row_multiple=data)
-        mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
-                                           ref_logp=ref_logp, skill_logp=skill_logp, codec=rt.codec)
-        shape = ("packed", len(layout.groups), layout.rows_per_group, layout.length, layout.slots_per_group, R_pack)
-      else:
-        mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
-                                 old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
-                                 with_skill_prompts=skill_prompts, codec=rt.codec, micro_batch_size=micro)
-        t = batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts)
-        shape = ("padded", rows, Pn, R, skill_prompts)
-      tokens.add(t)
-      shape += (0 if mb.images is None else mb.images.pixels_NP.shape[0],)  # image patches
-      if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
-        log.info("compiling update: %s", " x ".join(map(str, shape)))
-      with jax.set_mesh(rt.mesh):  # [scale] rows placed over the data-parallel axes, as global arrays
-        state, sums = rt.update_fn(state, distributed.global_batch(mb, rt.mesh), jnp.float32(cfg.rollout.temperature))
-      for k, v in losses.finalize_metrics(jax.device_get(sums)).items():
-        sums_all[k] = sums_all.get(k, 0.0) + float(v)
-      n_steps += 1
+  for idx in draw.minibatches(rng, per, cfg.learner.ppo_epochs):
+    if pack:
+      layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx],
+                                   length=cfg.learner.pack_length, group_tokens=micro * (Pn + R) // procs,
+                                   row_multiple=distributed.local_dp(rt.mesh))
+      G, W, S, L = distributed.agree_max(len(layout.groups), layout.rows_per_group, layout.slots_per_group,
+                                         layout.length)
+      layout = packing.resized(layout, L, G, W, S)
+      mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
+                                         ref_logp=ref_logp, skill_logp=skill_logp, codec=rt.codec)
+      r0 = distributed.row_block(rt.mesh, W * procs)[0]  # this process's first row of each micro-batch
+      mb = mb.replace(packed=mb.packed.replace(row_S=mb.packed.row_S + r0))
+      shape = ("packed", G, W, L, S, R_pack)
+    else:
+      # Padded to a power-of-two count of micro-batches, at least the count one process would use.
+      (n,) = distributed.agree_max(max(len(idx), -(-per // procs)))
+      rows = micro_l * (1 << (-(-n // micro_l) - 1).bit_length())
+      G = rows // micro_l
+      mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
+                               old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
+                               with_skill_prompts=skill_prompts, codec=rt.codec, micro_batch_size=micro_l)
+      t = batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts)
+      shape = ("padded", rows, Pn, R, skill_prompts)
+    tokens.add(t)
+    shape += (0 if mb.images is None else mb.images.pixels_NP.shape[0],)  # image patches
+    if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
+      log.info("compiling update: %s", " x ".join(map(str, shape)))
+    with jax.set_mesh(rt.mesh):  # [scale] every micro-batch's rows over the data-parallel axes, as global arrays
+      batch = distributed.grouped_global_batch(mb.replace(grouped=True), rt.mesh, G)
+      state, sums = rt.update_fn(state, batch, jnp.float32(cfg.rollout.temperature))
+    for k, v in losses.finalize_metrics(jax.device_get(sums)).items():
+      sums_all[k] = sums_all.get(k, 0.0) + float(v)
+    n_steps += 1
   out = {f"update/{k}": v / max(n_steps, 1) for k, v in sums_all.items()}
   out["update/optimizer_steps"] = n_steps
   out["update/skipped_total"] = int(state.skipped)
@@ -372,21 +399,24 @@ def _traj_record(t: Trajectory) -> dict:
 
 
 def eval_chunks(rt: Runtime, params, key, skip: Callable[[str, int], bool] = lambda split, c: False):
-  """Plays the fixed panels pool-sized chunk by chunk with the plain policy (ordinary prompts, no skills, eval
-  temperature): yields (split, chunk index, trajectories). Chunk c of split i always draws from key folded with
-  (i, c), so a resumed evaluation that `skip`s finished chunks plays the rest exactly as an uninterrupted one."""
+  """Plays the fixed panels chunk by chunk (eval_chunk episodes at once) with the plain policy (ordinary
+  prompts, no skills, eval temperature): yields (split, chunk index, trajectories). Chunk c of split i always
+  draws from key folded with (i, c), so a resumed evaluation that `skip`s finished chunks plays the rest exactly
+  as an uninterrupted one. With several processes each plays its share of a chunk; every process gets all of
+  its trajectories (shares.gather_trajectories)."""
   cfg = rt.cfg
   sp = SamplingParams(cfg.eval.temperature, 0, 1.0, cfg.rollout.max_new_tokens)
-  n = rt.pool.num_envs
+  n = eval_chunk(cfg)
   for i, (split, tasks) in enumerate(rt.eval_tasks.items()):
     for c, start in enumerate(range(0, len(tasks), n)):
       if skip(split, c):
         continue
-      chunk = tasks[start:start + n]
-      yield split, c, run_episodes(rt.pool, rt.family, cfg.env, chunk, list(range(start, start + len(chunk))),
-                                   [0] * len(chunk), rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
-                                   rt.tokenizer, jax.random.fold_in(jax.random.fold_in(key, i), c),
-                                   max_prompt_tokens=cfg.model.max_prompt_tokens)
+      mine = [start + j for j in shares.my_tasks(min(n, len(tasks) - start))]
+      trajs = run_episodes(rt.pool, rt.family, cfg.env, [tasks[k] for k in mine], mine, [0] * len(mine),
+                           rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
+                           jax.random.fold_in(jax.random.fold_in(key, i), c),
+                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine])
+      yield split, c, shares.gather_trajectories(trajs)
 
 
 def family_success(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -450,6 +480,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   preflight.check_workdir(workdir)
   if cfg.warmstart.before_rl:
     from seed_jax import warmstart
+    if distributed.initialize(cfg.distributed) and not warmstart.is_cached(cfg):
+      raise distributed.SetupError(
+          f"warmstart.before_rl trains Stage 1 on one process and its cache {warmstart.cache_dir(cfg)} is empty: "
+          "run this config once on one process to fill it (on a folder every host reads), or set "
+          "model.path to a warm-started export and warmstart.before_rl=False")
     cfg = warmstart.with_warm_policy(cfg)
   preflight.check_disk(workdir, cfg)
   rt = build(cfg)
@@ -473,9 +508,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       last: dict[str, Any] = {}
       if cfg.eval.at_start and start == 0:
         _evaluate_record(rt, writer, state.params, 0)
-      saved, restarts_seen = start, 0
+      saved, restarts_seen, restarts = start, 0, 0  # restarts: every process's pool's, this run
       meta = lambda done: dict(next_update=done, task_position=done * cfg.rollout.tasks_per_update, history=history,
-                               env_restarts=restarts_before + rt.pool.restarts)
+                               env_restarts=restarts_before + restarts)
       for u in range(start, total):
         t0 = time.time()
         if stop.at_sync_point(u):  # every process of a preempted pod stops before the same update
@@ -485,9 +520,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         except stop_lib.StopRequested as e:  # state is still that of update u - 1, the last one completed
           return _stop(ckpt, state, u, saved, meta, e.signame, last)
         metrics["time/update_total_s"] = time.time() - t0
-        metrics["env/restarts"] = rt.pool.restarts - restarts_seen
-        metrics["env/restarts_total"] = restarts_before + rt.pool.restarts
-        restarts_seen = rt.pool.restarts
+        restarts = sum(distributed.allgather_objects(rt.pool.restarts))
+        metrics["env/restarts"] = restarts - restarts_seen
+        metrics["env/restarts_total"] = restarts_before + restarts
+        restarts_seen = restarts
         last = writer.write(u, metrics)
         log.info("%s", summary_line(u, total, last))
         if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < total:

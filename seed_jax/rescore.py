@@ -15,11 +15,11 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import images as images_lib
 from seed_jax import packing
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
+from seed_jax.infra import distributed
 from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
 from seed_jax.models.spec import ModelSpec
 
@@ -65,13 +65,16 @@ class Rescorer:
   """Host wrapper: pads ragged prompts/responses into bucketed arrays and runs `rescore` in row batches.
 
   `tokens` sums what the passes cost: contexts x rows bucket x (prompt bucket + response bucket) positions
-  against the real prompt and response lengths of every context's rows."""
+  against the real prompt and response lengths of every context's rows.
+
+  With several processes `score` is collective: every process calls it at the same point with its own samples
+  (none is fine) and the same number of contexts; shapes are agreed, and each process reads back its rows."""
 
   def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None, codec=None):
     self.spec, self.pad_id, self.cfg, self.mesh = spec, pad_id, cfg, mesh
     self.codec = codec  # images.ImageCodec of a VL policy
-    data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-    self.row_sizes = pow2_sizes(data, max(cfg.max_rows, data))
+    data, procs = (1, 1) if mesh is None else (distributed.local_dp(mesh), jax.process_count())
+    self.row_sizes = pow2_sizes(data, max(cfg.max_rows // procs, data))  # this process's rows per pass
     self.prompt_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
     self.resp_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_response_len), cfg.max_response_len)
     self.compiles = CompileCounter()
@@ -94,7 +97,8 @@ class Rescorer:
     logps = [[None] * N for _ in range(C)]
     ents = [[None] * N for _ in range(C)]
     per_pass = max(1, self.row_sizes[-1] // C)
-    for start in range(0, N, per_pass):
+    (passes,) = distributed.agree_max(-(-N // per_pass))
+    for start in range(0, passes * per_pass, per_pass):
       idx = list(range(start, min(N, start + per_pass)))
       lp, en = self._score_batch(params, [[ctx[i] for i in idx] for ctx in contexts], [responses[i] for i in idx],
                                  temperature, with_entropy, [images[i] for i in idx])
@@ -112,13 +116,16 @@ class Rescorer:
     frames = [f for _ in contexts for f in images]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
-    data = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    data, procs = (1, 1) if self.mesh is None else (distributed.local_dp(self.mesh), jax.process_count())
     layout = packing.plan_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
-                                 group_tokens=self.cfg.pack_tokens, row_multiple=data)
-    R = bucket(max(1, max(map(len, responses))), pow2_sizes(16, max(16, self.cfg.max_response_len)),
+                                 group_tokens=self.cfg.pack_tokens // procs, row_multiple=data)
+    R = bucket(max(1, max(map(len, responses), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
+    # Every process's passes take the same shapes: the largest of each; the passes that hold a sequence anywhere.
+    G, W, S, L, R, live = distributed.agree_max(len(layout.groups), layout.rows_per_group, layout.slots_per_group,
+                                                layout.length, R, sum(1 for g in layout.groups if g))
+    layout = packing.resized(layout, L, G, W, S)
     rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R)
-    W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
     self.tokens.add(layout.tokens(sum(map(len, prompts)), C * sum(map(len, responses)), R))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
@@ -128,20 +135,21 @@ class Rescorer:
       log.info("compiling rescore: %d packed rows of %d, %d slots, response %d, image patches %d", W, L, S, R,
                patches)
     lp_out, en_out = [], []
+    r0 = 0 if self.mesh is None else distributed.row_block(self.mesh, W * procs)[0]  # this process's first row
     for g in range(len(layout.groups)):
-      if not layout.groups[g]:  # group-count padding: nothing to score
+      if g >= live:  # group-count padding on every process: nothing to score
         lp_out.append(np.zeros((S, R), np.float32))
         en_out.append(np.zeros((S, R), np.float32))
         continue
       part = lambda x, n: x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
-                         part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
+                         part(rows.row_S, S) + r0, part(rows.col_SR, S)), part(resp, S), part(rmask, S))
       image_batch = images_lib.layout_images(self.codec, W, L, segs[g], patches) if patches else None
       if self.mesh is not None:
-        args = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(
-            self.mesh, P(*([("data", "fsdp")] + [None] * (x.ndim - 1))))), args)
+        args = distributed.global_batch(args, self.mesh)
       with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-        lp, en = jax.device_get(rescore_packed(params, *args, jnp.float32(temperature), image_batch, **static))
+        out = rescore_packed(params, *args, jnp.float32(temperature), image_batch, **static)
+        lp, en = (distributed.local_rows(x) for x in out)
       lp_out.append(lp)
       en_out.append(en)
     lp, en = np.concatenate(lp_out), np.concatenate(en_out)
@@ -151,9 +159,10 @@ class Rescorer:
 
   def _score_batch(self, params, contexts, responses, temperature, with_entropy, frames):
     C, N = len(contexts), len(responses)
-    B = bucket(N, self.row_sizes, "samples")
-    Pn = bucket(max(len(p) for ctx in contexts for p in ctx), self.prompt_sizes, "prompt length")
-    R = bucket(max(1, max(map(len, responses))), self.resp_sizes, "response length")
+    B, Pn, R = distributed.agree_max(  # every process's pass takes the same shapes
+        bucket(max(N, 1), self.row_sizes, "samples"),
+        bucket(max((len(p) for ctx in contexts for p in ctx), default=1), self.prompt_sizes, "prompt length"),
+        bucket(max(1, max(map(len, responses), default=1)), self.resp_sizes, "response length"))
     prompt = np.full((C, B, Pn), self.pad_id, np.int32)
     pvalid = np.zeros((C, B, Pn), bool)
     resp = np.full((B, R), self.pad_id, np.int32)
@@ -178,10 +187,9 @@ class Rescorer:
       log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d, image patches %d", C, B, Pn, R,
                patches)
     args = (prompt, pvalid, resp, rmask)
-    if self.mesh is not None:
-      rows = lambda nd, lead: NamedSharding(self.mesh, P(*([None] * lead + [("data", "fsdp")] + [None] * (nd - lead - 1))))
-      args = (jax.device_put(prompt, rows(3, 1)), jax.device_put(pvalid, rows(3, 1)),
-              jax.device_put(resp, rows(2, 0)), jax.device_put(rmask, rows(2, 0)))
+    if self.mesh is not None:  # rows: axis 1 of the [C, B, P] prompts
+      args = distributed.global_batch((prompt, pvalid), self.mesh, axis=1) + distributed.global_batch(
+          (resp, rmask), self.mesh)
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
       lp, en = rescore(params, *args, jnp.float32(temperature), image_batch, **static)
-    return jax.device_get((lp, en))
+    return distributed.local_rows(lp, axis=1), distributed.local_rows(en, axis=1)

@@ -14,12 +14,13 @@ import jax
 import ml_collections
 
 from seed_jax.envs import prompting
+from seed_jax.infra import distributed
 from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models.tokenizer import Tokenizer
 from seed_jax.sample import Generation
 
-# (prompt token lists, PRNG key[, one frame or None per prompt]) -> one Generation per prompt
+# (prompt token lists, PRNG key, one frame or None per prompt or None, row ids) -> one Generation per prompt
 GenerateFn = Callable[..., list[Generation]]
 
 
@@ -69,17 +70,21 @@ def fit_prompt(family: EnvFamily, env_cfg: Any, tokenizer: Tokenizer, task_descr
 def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], group_ids: Sequence[int],
                  traj_ids: Sequence[int], generate: GenerateFn, tokenizer: Tokenizer, key, *,
                  max_prompt_tokens: int, max_steps: int | None = None,
-                 clock: dict[str, float] | None = None) -> list[Trajectory]:
-  """Plays tasks[i] on pool env i until done or `max_steps` (default env_cfg.max_steps). `clock`, if given,
+                 clock: dict[str, float] | None = None, episode_ids: Sequence[int] | None = None) -> list[Trajectory]:
+  """Plays tasks[i] on pool env i until done or `max_steps` (default env_cfg.max_steps). Episode i samples
+  with row id episode_ids[i] (default i; sample.row_keys), so its draws do not depend on which episodes share
+  its calls. With several processes each plays its own episodes and the steps' generate calls are collective:
+  a process whose episodes have all ended keeps taking part until every process's have. `clock`, if given,
   gains the seconds spent in the pool (reset and steps: "env_s") and in `generate` ("generate_s")."""
   clock = {} if clock is None else clock
   tick = lambda name, t0: clock.__setitem__(name, clock.get(name, 0.0) + time.perf_counter() - t0)
   if len(tasks) > pool.num_envs:
     raise ValueError(f"{len(tasks)} episodes need {len(tasks)} envs but the pool has {pool.num_envs}")
   max_steps = env_cfg.max_steps if max_steps is None else max_steps
+  episode_ids = list(range(len(tasks))) if episode_ids is None else list(episode_ids)
   episodes = []
   t0 = time.perf_counter()
-  reset = pool.reset(list(tasks))
+  reset = pool.reset(list(tasks)) if tasks else []
   tick("env_s", t0)
   for i, (task, obs) in enumerate(zip(tasks, reset)):
     traj = Trajectory(task=task, group_id=int(group_ids[i]), traj_id=int(traj_ids[i]), steps=[])
@@ -93,7 +98,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
 
   for t in range(max_steps):
     live = [i for i, ep in enumerate(episodes) if ep.active]
-    if not live:
+    if not distributed.any_process(bool(live)):
       break
     prompts: dict[int, FittedPrompt] = {}
     for i in live:
@@ -107,11 +112,11 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
     order = list(prompts)
     t0 = time.perf_counter()
     frames = [frame_of(env_cfg, episodes[i].obs) for i in order]  # what fit_prompt encoded
-    gens = []
-    if order and any(f is not None for f in frames):
-      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), frames)
-    elif order:
-      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t))
+    ids = [episode_ids[i] for i in order]
+    if any(f is not None for f in frames):
+      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), frames, ids)
+    else:
+      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), None, ids)
     tick("generate_s", t0)
     actions = {}
     for i, gen, frame in zip(order, gens, frames):
@@ -127,7 +132,7 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
           response_tokens=list(gen.tokens), logps=list(gen.logps), observation=ep.obs.text, action=parsed.action,
           action_valid=parsed.valid, info=info, image=frame))
     t0 = time.perf_counter()
-    results = pool.step(actions)
+    results = pool.step(actions) if actions else {}
     tick("env_s", t0)
     for i, res in results.items():
       ep = episodes[i]

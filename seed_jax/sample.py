@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import images as images_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
+from seed_jax.infra import distributed
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
 from seed_jax.models import vlm
@@ -55,10 +55,10 @@ class Generation:
   stop_reason: str
 
 
-def row_keys(key, first_row: int, rows: int):
-  """One PRNG key per row: row r of a request draws from fold_in(key, r), whatever batch it runs in, so the
-  samples do not depend on how a request is split into calls (sampler.max_batch)."""
-  return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(first_row, first_row + rows, dtype=jnp.uint32))
+def row_keys(key, ids_B):
+  """One PRNG key per row: a row with id r draws from fold_in(key, r), whatever batch or process it runs in, so
+  the samples do not depend on how a request is split into calls (sampler.max_batch) or over hosts."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.asarray(ids_B, jnp.uint32))
 
 
 def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
@@ -160,7 +160,7 @@ def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E,
                                             prefill_chunk=prefill_chunk)
   B = tokens_BP.shape[0]
   return decode_tokens(params, cache, logits_BV, pos_B, None, ~jnp.any(jnp.asarray(valid_BP), axis=1),
-                       row_keys(key, 0, B),
+                       row_keys(key, jnp.arange(B)),
                        temperature, top_p, eos_E, stop_NL, spec=spec, dtype=dtype, max_new=max_new, greedy=greedy,
                        top_k=top_k, use_top_p=use_top_p)
 
@@ -187,17 +187,23 @@ class Sampler:
     check_choice("sampler.dtype", cfg.dtype)
     self.spec, self.cfg, self.mesh, self.codec = spec, cfg, mesh, codec  # codec: images.ImageCodec of a VL policy
     self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
-    data = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-    self.batch_sizes = pow2_sizes(max(cfg.min_batch, data), max(cfg.max_batch, data))
+    # Rows per call of this process: with several processes each supplies its share of a global batch.
+    data, procs = (1, 1) if mesh is None else (distributed.local_dp(mesh), jax.process_count())
+    self.batch_sizes = pow2_sizes(max(cfg.min_batch // procs, data), max(cfg.max_batch // procs, data))
     self.prompt_sizes = prompt_sizes(min(cfg.min_prompt_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
     self.compiles = CompileCounter()
     self.tokens = TokenCount()
     self.times = {"prefill_s": 0.0, "decode_s": 0.0}  # wall time of the calls, summed
 
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
-               stop_sequences: Sequence[Sequence[int]] = (), images: Sequence | None = None) -> list[Generation]:
-    """`images`: one uint8 frame (or None) per prompt, for the prompt's vision tokens (images.VLTokenizer)."""
-    if not prompts:
+               stop_sequences: Sequence[Sequence[int]] = (), images: Sequence | None = None,
+               row_ids: Sequence[int] | None = None) -> list[Generation]:
+    """`images`: one uint8 frame (or None) per prompt, for the prompt's vision tokens (images.VLTokenizer).
+    `row_ids`: each prompt's draw (fold_in(key, id), row_keys; default: its position), e.g. its episode.
+    With several processes every process calls this at the same point with its own prompts (none is fine):
+    the calls are collective, each process supplies and reads back only its rows."""
+    multi = jax.process_count() > 1
+    if not prompts and not multi:
       return []
     if images is not None and any(f is not None for f in images) and self.codec is None:
       raise ValueError("prompts with images need a vision-language policy (config.model.path); "
@@ -212,28 +218,31 @@ class Sampler:
         raise ValueError(f"prompt {i} has {len(p)} tokens, more than sampler max_prompt_len="
                          f"{self.cfg.max_prompt_len}; truncate it before sampling")
     stop_NL = _stop_array(stop_sequences)
+    row_ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
     out: list[Generation] = []
     step = self.batch_sizes[-1]
-    for start in range(0, len(prompts), step):
-      out += self._generate_batch(params, prompts[start:start + step], key, start, sp, stop_NL,
-                                  images[start:start + step])
+    (calls,) = distributed.agree_max(-(-len(prompts) // step))  # every process makes the same calls
+    for start in range(0, calls * step, step):
+      out += self._generate_batch(params, prompts[start:start + step], key, row_ids[start:start + step], sp,
+                                  stop_NL, images[start:start + step])
     return out
 
   def generate_text(self, params, texts: Sequence[str], key, sp: SamplingParams, tokenizer: Tokenizer,
                     stop_sequences: Sequence[Sequence[int]] = ()) -> list[str]:
     """Replies to user messages: each text chat-templated by `tokenizer`, generated, decoded back to text."""
-    gens = self.generate(params, [tokenizer.encode_chat(t) for t in texts], key, sp, stop_sequences)
+    gens = self.generate(params, [tokenizer.encode_chat(t) for t in texts], key, sp, stop_sequences)  # collective
     return [tokenizer.decode(g.tokens) for g in gens]
 
   def rollout_fn(self, params, sp: SamplingParams, stop_sequences: Sequence[Sequence[int]] = ()
-                 ) -> Callable[[list[list[int]], Any], list[Generation]]:
-    """`generate` with fixed weights and sampling: the (prompt ids, key) -> generations of rollout.run_episodes."""
-    return lambda prompts, key, images=None: self.generate(params, prompts, key, sp, stop_sequences, images)
+                 ) -> Callable[..., list[Generation]]:
+    """`generate` with fixed weights and sampling: the (prompt ids, key[, frames, row ids]) -> generations of
+    rollout.run_episodes."""
+    return lambda prompts, key, images=None, row_ids=None: self.generate(params, prompts, key, sp, stop_sequences,
+                                                                          images, row_ids)
 
-  def _generate_batch(self, params, prompts, key, first_row: int, sp: SamplingParams, stop_NL,
+  def _generate_batch(self, params, prompts, key, row_ids, sp: SamplingParams, stop_NL,
                       frames) -> list[Generation]:
-    B = bucket(len(prompts), self.batch_sizes, "batch")
-    Pn = bucket(max(map(len, prompts)), self.prompt_sizes, "prompt length")
+    """One call; B, Pn, U (and whether prompts repeat) are agreed over processes, B and U per process."""
     # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
     # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows. A prompt with
     # a frame is identical only with the same frame.
@@ -244,13 +253,18 @@ class Sampler:
     slot = {k: u for u, k in enumerate(first)}
     src_N = np.asarray([slot[k] for k in keys], np.int32)
     unique, frames = [prompts[n] for n in first.values()], [frames[n] for n in first.values()]
-    U = bucket(len(unique), self.batch_sizes, "batch")
+    B, Pn, U, dedup = distributed.agree_max(
+        bucket(max(len(prompts), 1), self.batch_sizes, "batch"),
+        bucket(max(map(len, prompts), default=1), self.prompt_sizes, "prompt length"),
+        bucket(max(len(unique), 1), self.batch_sizes, "batch"), len(unique) != len(prompts))
+    # This process's prefilled rows start at u0 of the global U: its rows' sources index from there.
+    u0 = 0 if self.mesh is None else distributed.row_block(self.mesh, U * jax.process_count())[0]
     tokens_UP = np.zeros((U, Pn), np.int32)
     valid_UP = np.zeros((U, Pn), bool)
     for u, p in enumerate(unique):
       tokens_UP[u, Pn - len(p):] = p
       valid_UP[u, Pn - len(p):] = True
-    src_B = None if len(unique) == len(prompts) else np.pad(src_N, (0, B - len(prompts)), constant_values=U - 1)
+    src_B = None if not dedup else u0 + np.pad(src_N, (0, B - len(prompts)), constant_values=U - 1)
     image_batch = None if self.codec is None else images_lib.layout_images(
         self.codec, U, Pn, [(u, Pn - len(p), p, (), f) for u, (p, f) in enumerate(zip(unique, frames))])
     n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
@@ -267,24 +281,27 @@ class Sampler:
                           tuple(sorted(decode_static.items(), key=str)))):
       log.info("compiling decode: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
                self.compiles.count)
-    rows = (lambda a: a) if self.mesh is None else (
-        lambda a: jax.device_put(a, NamedSharding(self.mesh, P(("data", "fsdp")))))
+    rows = (lambda a: a) if self.mesh is None else (lambda a: distributed.global_batch(a, self.mesh))
+    ids_B = np.zeros((B,), np.uint32)
+    ids_B[:len(prompts)] = row_ids
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
       t0 = time.perf_counter()
       cache, logits, pos = jax.block_until_ready(prefill_prompts(params, rows(tokens_UP), rows(valid_UP),
                                                                  image_batch, **prefill_static))
       t1 = time.perf_counter()
-      toks, logps, lens, reason = jax.device_get(decode_tokens(
-          params, cache, logits, pos, None if src_B is None else jnp.asarray(src_B), rows(is_pad_B),
-          row_keys(key, first_row, B),
+      out = decode_tokens(
+          params, cache, logits, pos, None if src_B is None else rows(src_B), rows(is_pad_B),
+          row_keys(key, rows(ids_B)),
           jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p), jnp.asarray(self.eos_E),
-          jnp.asarray(stop_NL), **decode_static))
+          jnp.asarray(stop_NL), **decode_static)
+      toks, logps, lens, reason = (distributed.local_rows(x) for x in out)  # this process's rows
     self.times["prefill_s"] += t1 - t0
     self.times["decode_s"] += time.perf_counter() - t1
     lens_N = lens[:len(prompts)]
     # The decode loop runs until its longest row ends: every row, padding included, pays for those steps.
+    steps = int(distributed.agree_max(int(lens_N.max(initial=0)))[0])  # the loop ran for the longest row anywhere
     self.tokens.add(TokenCount(prompt_forwarded=U * Pn, prompt_real=sum(map(len, unique)),
-                               response_forwarded=B * int(lens_N.max()), response_real=int(lens_N.sum()),
+                               response_forwarded=B * steps, response_real=int(lens_N.sum()),
                                rows_forwarded=B, rows_real=len(prompts)))
     return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),
                        stop_reason=STOP_NAMES[reason[b]]) for b in range(len(prompts))]

@@ -317,7 +317,7 @@ def analyze_trajectories(analyzer: Analyzer, trajs: Sequence[Trajectory], cfg: m
   else:
     prompts = [analysis_prompt_fitted(t, count_tokens, cfg.max_prompt_tokens, cfg.success_threshold)
                for t in trajs]
-  replies = analyzer.analyze(prompts) if prompts else []
+  replies = analyzer.analyze(prompts)  # also with none: the policy backend's decode is collective
   if len(replies) != len(prompts):
     raise ValueError(f"analyzer returned {len(replies)} replies for {len(prompts)} prompts")
   parses = [parse_skill(r, salvage=cfg.salvage_truncated) for r in replies]

@@ -52,6 +52,9 @@ class MiniBatch:
   # The rows' frames (vlm.ImageBatch; images.micro_batched lays them out per micro-batch), None for text.
   images: Any = None
   micro_batches: int = flax.struct.field(pytree_node=False, default=0)  # packed: groups (0 = padded layout)
+  # Arrays already [micro-batches, rows of one, ...] (distributed.grouped_global_batch): each micro-batch's rows
+  # spread over the data-parallel devices of every process.
+  grouped: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +177,13 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
                                            chunk=chunk, remat=remat, teacher=teacher), has_aux=True)
 
   def update(state: TrainState, batch: MiniBatch, temperature):
+    if batch.grouped:
+      micro = batch
+      batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
     M = batch.resp_BR.shape[0]
-    if batch.micro_batches:  # packed: rows and slots are already grouped per micro-batch
+    if batch.grouped:
+      n_micro = micro.resp_BR.shape[0]
+    elif batch.micro_batches:  # packed: rows and slots are already grouped per micro-batch
       n_micro = batch.micro_batches
     elif M % micro_batch_size:
       raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
@@ -183,7 +191,8 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
       n_micro = M // micro_batch_size
     norm = losses.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
                                    loss_cfg.agg_mode)
-    micro = jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
+    if not batch.grouped:
+      micro = jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, metrics_shape), _ = jax.eval_shape(loss_fn, state.params, first, norm, temperature)
     zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)

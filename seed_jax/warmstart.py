@@ -252,6 +252,11 @@ def cache_dir(cfg: ml_collections.ConfigDict) -> str:
   return os.path.join(root, f"{cfg.env.name}-{cache_key(cfg)}")
 
 
+def is_cached(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether this config's warm-started policy is complete in the cache."""
+  return os.path.exists(os.path.join(cache_dir(cfg), DONE_FILE))
+
+
 def ensure_warm_policy(cfg: ml_collections.ConfigDict, mesh=None) -> str:
   """The warm-started policy's HF folder for this config: reused from the cache when it is complete, else
   trained there first (an interrupted warm start resumes)."""

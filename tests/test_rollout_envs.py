@@ -57,7 +57,7 @@ def _rollout(name, cfg, tasks, tok, policy, stop_strings=("</action>",)):
   with EnvPool(family, cfg, len(episodes)) as pool:
     trajs = run_episodes(pool, family, cfg, episodes, [7 + b for b in range(len(tasks)) for _ in range(G)],
                          [g for _ in tasks for g in range(G)],
-                         lambda prompts, key: sampler.generate(params, prompts, key, sp, stops), tok,
+                         lambda prompts, key, frames, ids: sampler.generate(params, prompts, key, sp, stops, frames, ids), tok,
                          jax.random.key(0), max_prompt_tokens=MAX_PROMPT)
   assert [(t.task, t.group_id, t.traj_id) for t in trajs] == [
       (tasks[0], 7, 0), (tasks[0], 7, 1), (tasks[1], 8, 0), (tasks[1], 8, 1)]

@@ -70,8 +70,8 @@ def test_demo_prompts_are_the_rollout_prompts(embedded_tokenizer):
     for demo, gold in zip(demos, golds):
       script = iter(gold)
 
-      def generate(prompts, key):
-        assert len(prompts) == 1
+      def generate(prompts, key, frames, row_ids):
+        assert len(prompts) == 1 and row_ids == [0]
         ids = tok.encode(warmstart.demo_response(next(script)))
         return [Generation(ids, [0.0] * len(ids), "stop")]
 

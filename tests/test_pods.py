@@ -1,0 +1,285 @@
+"""Pods: the real `python -m seed_jax.main` on TextWorldExpress as 2 processes x 4 CPU devices (loopback
+coordinator, config.distributed.*) against 1 process x 8 devices, same seed: equal metrics and parameters;
+the 2-process checkpoint resumed in 1 process; a process that dies mid-update; bad multi-host input."""
+import json
+import re
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # real simulators and several seed_jax.main processes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Parameters: each process packs its own rows, so the same step-samples are summed in other groupings and the
+# gradients differ in fp32 rounding (grad_norm ~6e-4 relative here: with zero advantages the gradient is the
+# entropy bonus of a near-uniform random model, which cancels). Adam then steps each element by ~lr whatever its
+# size, so elements whose gradient is at rounding level may step either way: the parameter changes agree to
+# CHANGE_RTOL in L2 (measured 5e-3) and all but OFF_FRAC of the elements to 1e-5 (measured 1e-3 or less).
+CHANGE_RTOL, OFF_FRAC = 2e-2, 1e-2
+EXACT = ("rollout/return", "rollout/success", "rollout/episode_length", "rollout/invalid_action_rate",
+         "rollout/response_tokens", "rollout/episodes", "rollout/env_errors", "analysis/parse_rate",
+         "advantages/nonzero_frac", "update/optimizer_steps", "opd/analyzed_row_frac") + tuple(
+             f"tokens/{phase}_{part}" for phase in ("rollout", "analysis", "rescore", "update")
+             for part in ("response_real", "rows_real")) + tuple(
+             f"tokens/{phase}_real" for phase in ("rescore", "update"))
+# Not compared exactly: tokens/rollout_real and analysis_real count the prompt positions prefilled, once per
+# distinct prompt of a call; two tasks with the same first prompt share one prefill only on one process.
+CLOSE = ("advantages/abs_mean", "update/loss", "update/pg_loss", "update/kl", "update/grad_norm",
+         "update/pg_clipfrac", "update/entropy", "update/opd_loss")
+
+CONFIG = """
+import sys
+sys.path.insert(0, {tests!r})
+from configs import textworld_express as twx
+from seed_jax.config import validate
+
+
+def get_config():
+  c = twx.get_config("")
+  c.model.path, c.model.max_prompt_tokens = {model!r}, 512
+  # 3 tasks x 2 rollouts: process 0 plays tasks 0 and 2, process 1 task 1 (an uneven split)
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 3, 2, 12
+  c.env.max_steps = 3
+  c.analyzer.max_new_tokens = 24
+  c.learner.minibatch_size, c.learner.micro_batch_size = 8, 8
+  c.learner.lr = 1e-3  # visible parameter changes
+  c.train.num_updates, c.train.dump_trajectories = {updates}, 100
+  c.eval.at_end, c.eval.every, c.eval.max_tasks = {evals}, 2, 5  # after update 2 and at the end; 5 games
+  c.distributed.initialization_timeout_s, c.distributed.heartbeat_timeout_s = 60, 10
+  if {analyst!r}:  # the OpenAI-compatible stand-in of tests/test_pipeline.py: skills for half the episodes
+    c.analyzer.backend, c.analyzer.external.base_url, c.analyzer.external.api_key_env = "external", {analyst!r}, ""
+    c.analyzer.external.json_retry = False
+  validate(c)
+  return c
+"""
+
+
+def _port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(cfg_file, workdir, processes: int, devices: int, *extra: str, port: int | None = None):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+  port = port or _port()
+  procs = []
+  for p in range(processes):
+    flags = [] if processes == 1 else [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                                       f"--config.distributed.num_processes={processes}",
+                                       f"--config.distributed.process_id={p}"]
+    procs.append(subprocess.Popen([sys.executable, "-m", "seed_jax.main", f"--config={cfg_file}",
+                                   f"--workdir={workdir}", *flags, *extra], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def _wait(procs, timeout=900) -> list[str]:
+  try:
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return outs
+
+
+def _config_text(model, updates, analyst="", evals=False):
+  return CONFIG.format(tests=os.path.dirname(__file__), model=model, updates=updates, analyst=analyst,
+                       evals=evals)
+
+
+def _run(tmp_path, model, updates, processes, devices, workdir, tag, analyst="", extra=(), evals=False) -> float:
+  cfg_file = tmp_path / f"cfg_{tag}.py"
+  cfg_file.write_text(_config_text(model, updates, analyst, evals))
+  t0 = time.time()
+  procs = _launch(cfg_file, workdir, processes, devices, *extra)
+  outs = _wait(procs)
+  assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
+  return time.time() - t0
+
+
+def _metrics(workdir, evals=False):
+  """The update records (or with `evals` the evaluation records) of metrics.jsonl."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return [r for r in rows if ("eval/updates_done" in r) == evals]
+
+
+def _params(workdir, model, step):
+  from configs import base
+  from seed_jax import update
+  from seed_jax.infra import checkpoint as ckpt_lib
+  from seed_jax.models import weights
+  _, params = weights.load_model(model)
+  state = update.init_state(params, update.make_optimizer(base.get_base().learner))
+  with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), base.get_base().train.checkpoint,
+                             read_only=True) as ckpt:
+    restored, _ = ckpt.restore(step, ckpt_lib.abstract_state(state))
+  return jax.tree.map(np.asarray, restored.params)
+
+
+def _init(model):
+  from seed_jax.models import weights
+  return jax.tree.map(np.asarray, weights.load_model(model)[1])
+
+
+def _assert_same_change(p1, p2, init):
+  """p1 and p2 moved init the same way (CHANGE_RTOL, OFF_FRAC), and visibly."""
+  flat = lambda p: np.concatenate([(x - z).ravel() for x, z in zip(jax.tree.leaves(p), jax.tree.leaves(init))])
+  d1, d2 = flat(p1), flat(p2)
+  assert np.abs(d1).max() > 1e-4  # the updates moved the weights
+  rel = np.linalg.norm(d2 - d1) / np.linalg.norm(d1)
+  off = float(np.mean(np.abs(d2 - d1) > 1e-5))
+  print(f"parameter change: L2 difference {rel:.1e} of its norm, {off:.1e} of the elements off by > 1e-5")
+  assert rel <= CHANGE_RTOL and off <= OFF_FRAC, (rel, off)
+
+
+def _same_update(a: dict, b: dict):
+  for k in EXACT:
+    if k in a:
+      assert b[k] == a[k], (k, a[k], b[k])
+  for k in CLOSE:
+    if k in a:
+      np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=1e-6, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+  """1 x 8 for three updates; 2 x 4 for two, then resumed in 1 x 8 for the third."""
+  tmp = tmp_path_factory.mktemp("pods")
+  one, two = str(tmp / "one"), str(tmp / "two")
+  times = {"1x8, 3 updates": _run(tmp, tiny_model_dir, 3, 1, 8, one, "one", evals=True)}
+  times["2x4, 2 updates"] = _run(tmp, tiny_model_dir, 2, 2, 4, two, "two", evals=True)
+  shutil.copytree(two, str(tmp / "two_after_2"))
+  times["1x8 resuming 2x4, update 3"] = _run(tmp, tiny_model_dir, 3, 1, 8, two, "resume", evals=True)
+  print("wall times (s):", {k: round(v, 1) for k, v in times.items()})
+  return dict(one=one, two=str(tmp / "two_after_2"), resumed=two, model=tiny_model_dir)
+
+
+def test_two_processes_give_the_one_process_updates(runs):
+  one, two = _metrics(runs["one"]), _metrics(runs["two"])
+  assert [r["step"] for r in two] == [0, 1]
+  assert two[0]["rollout/episodes"] == 6 and two[0]["tokens/rollout_response_real"] > 0
+  for a, b in zip(one[:2], two):
+    _same_update(a, b)
+  _assert_same_change(_params(runs["one"], runs["model"], 2), _params(runs["two"], runs["model"], 2),
+                      _init(runs["model"]))
+  with open(os.path.join(runs["two"], "dumps", "trajectories_step000001.jsonl")) as f:
+    assert len(f.readlines()) == 6  # process 0 dumps every process's episodes
+
+
+def test_two_processes_evaluate_as_one(runs):
+  """The evaluation after update 2 (5 panel games, 3 played by process 0 and 2 by process 1) equals the
+  1-process one: the same games, the same draws."""
+  (e1,) = [r for r in _metrics(runs["one"], evals=True) if r["step"] == 2]
+  (e2,) = _metrics(runs["two"], evals=True)
+  assert e2["step"] == 2 and e2["eval/eval/episodes"] == 5
+  for k, v in e1.items():
+    if k.startswith("eval/") and "tokens_per_s" not in k:
+      assert e2[k] == v, (k, v, e2[k])
+
+
+def test_skill_context_and_distillation_loss_agree_across_process_counts(tiny_model_dir, tmp_path):
+  """With skills from the HTTP stand-in analyzer, the skill context is re-scored and the OPD term trains: 2 x 4
+  against 1 x 8 again, two updates, this time in the padded layouts (one sequence per row) of the re-score and
+  the update."""
+  from http.server import ThreadingHTTPServer
+  import threading
+  from test_pipeline import _Analyst
+  server = ThreadingHTTPServer(("127.0.0.1", 0), _Analyst)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+  try:
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    padded = ("--config.rescore.pack_length=0", "--config.learner.pack_length=0")
+    _run(tmp_path, tiny_model_dir, 2, 1, 8, one, "one", url, padded)
+    _run(tmp_path, tiny_model_dir, 2, 2, 4, two, "two", url, padded)
+  finally:
+    server.shutdown()
+  m1, m2 = _metrics(one), _metrics(two)
+  assert all(0 < r["opd/analyzed_row_frac"] < 1 and r["update/opd_active_tokens"] > 0 for r in m1)
+  for a, b in zip(m1, m2):
+    _same_update(a, b)
+  _assert_same_change(_params(one, tiny_model_dir, 2), _params(two, tiny_model_dir, 2), _init(tiny_model_dir))
+
+
+def test_two_process_checkpoint_resumes_in_one_process(runs):
+  one, resumed = _metrics(runs["one"]), _metrics(runs["resumed"])
+  assert [r["step"] for r in resumed] == [0, 1, 2]
+  _same_update(one[2], resumed[2])
+  (e1,), (e2,) = ([r for r in _metrics(w, evals=True) if r["step"] == 3] for w in (runs["one"], runs["resumed"]))
+  assert e2["eval/eval/success"] == e1["eval/eval/success"] and e2["eval/eval/return"] == e1["eval/eval/return"]
+  _assert_same_change(_params(runs["one"], runs["model"], 3), _params(runs["resumed"], runs["model"], 3),
+                      _init(runs["model"]))
+
+
+DIE = """
+import os
+import jax
+from seed_jax import pipeline
+_rescore = pipeline._rescore
+
+
+def _rescore_or_die(rt, params, samples, with_skills):
+  if jax.process_index() == 1 and rt.cfg.get("die_in_update", False):
+    print("process 1 dies in the re-score", flush=True)
+    os._exit(3)
+  return _rescore(rt, params, samples, with_skills)
+
+
+pipeline._rescore = _rescore_or_die
+"""
+
+
+def test_a_process_dying_mid_update_ends_the_other_within_the_heartbeat_timeout(tiny_model_dir, tmp_path):
+  """Process 1 exits in update 1's re-score; process 0, waiting in the next collective, is ended by JAX's
+  coordination service within heartbeat_timeout_s (10 s here) with a line naming task 1, not left hanging."""
+  cfg_file = tmp_path / "cfg_die.py"
+  cfg_file.write_text(_config_text(tiny_model_dir, 2) + DIE +
+                      "\n_get = get_config\n\n\ndef get_config():\n  c = _get()\n  c.die_in_update = True\n"
+                      "  return c\n")
+  t0 = time.time()
+  procs = _launch(cfg_file, str(tmp_path / "w"), 2, 4)
+  outs = _wait(procs, timeout=300)
+  assert procs[1].returncode == 3 and "process 1 dies in the re-score" in outs[1], outs[1][-3000:]
+  assert procs[0].returncode != 0, outs[0][-3000:]
+  assert re.search(r"Task 1 heartbeat timeout|unhealthy \(stopped sending heartbeats\):\s*1|another task died",
+                   outs[0]), outs[0][-3000:]
+  assert time.time() - t0 < 240
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--config.distributed.process_id=2",), "distributed.process_id (in [0, num_processes)) must be too; got "
+                                              "num_processes=2, process_id=2"),
+    (("--config.distributed.process_id=1", "--config.distributed.initialization_timeout_s=3"),
+     "the coordinator 127.0.0.1:{port} did not come up within distributed.initialization_timeout_s=3"),
+])
+def test_bad_process_settings_are_one_line(flags, message, tmp_path):
+  port = _port()
+  proc = subprocess.run([sys.executable, "-m", "seed_jax.main", "--config=configs/textworld_express.py",
+                         f"--workdir={tmp_path / 'w'}", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                         "--config.distributed.num_processes=2", *flags], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1 and last.startswith("multi-host error: "), proc.stderr[-2000:]
+  assert message.format(port=port) in last, last
+
+
+def test_data_axes_that_do_not_split_over_the_processes_are_one_line(tiny_model_dir, tmp_path):
+  """A mesh whose only axis is tensor (data x fsdp = 1) cannot give 2 processes rows of their own."""
+  cfg_file = tmp_path / "cfg.py"
+  cfg_file.write_text(_config_text(tiny_model_dir, 1))
+  procs = _launch(cfg_file, str(tmp_path / "w"), 2, 4, "--config.mesh.shape=(1,1,-1)")
+  outs = _wait(procs, timeout=300)
+  assert [p.returncode for p in procs] == [1, 1], outs
+  for out in outs:
+    assert out.strip().splitlines()[-1].startswith(
+        "multi-host error: data x fsdp = 1 devices do not divide over 2 processes"), out[-2000:]
