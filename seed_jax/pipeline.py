@@ -75,7 +75,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   multi = distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
   image_obs = cfg.env.get("observation", "text") == "image"
   if multi and image_obs:
-    raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has {jax.process_count()}")
+    raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has "
+                                 f"{jax.process_count()}")
   if image_obs and not weights.is_vision_language(cfg.model.path):
     raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
                      f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "
@@ -87,8 +88,9 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
     distributed.check_row_split(mesh)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if cfg.learner.micro_batch_size % dp:
-      raise distributed.SetupError(f"config.learner.micro_batch_size={cfg.learner.micro_batch_size} does not divide over "
-                       f"data x fsdp = {dp} devices of {jax.process_count()} processes: make it a multiple of {dp}")
+      raise distributed.SetupError(
+          f"config.learner.micro_batch_size={cfg.learner.micro_batch_size} does not divide over data x fsdp = "
+          f"{dp} devices of {jax.process_count()} processes: make it a multiple of {dp}")
   spec, params = weights.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
@@ -309,7 +311,8 @@ def advantage_metrics(adv_N: np.ndarray) -> dict[str, float]:
 
 def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> list[dict]:
   return [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success, ok=p.ok, skill=p.skill,
-               summary=p.summary, error=p.error, reply=r, salvaged=p.salvaged) for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
+               summary=p.summary, error=p.error, reply=r, salvaged=p.salvaged)
+          for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
 
 
 def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples, times: dict[str, float],
@@ -531,7 +534,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
         if ckpt.save(u + 1, state, metadata=meta(u + 1), force=u + 1 == total):
           saved = u + 1
-        if stop.requested:  # the final evaluation too is left for the resumed run
+        # The final evaluation too is left for the resumed run. Several processes agree at the next sync point.
+        if stop.requested and not stop.multi_process:
           return _stop(ckpt, state, u + 1, saved, meta, stop.requested, last)
       if cfg.eval.at_end and (total > start or not writer.has_record(total, "eval/updates_done")):
         last.update(_evaluate_record(rt, writer, state.params, total))

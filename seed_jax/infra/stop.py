@@ -6,7 +6,9 @@ last completed update's checkpoint, closes the envs and ends with one line. A se
 at once, with one line and no traceback.
 
 Multi-process runs leave SIGTERM to JAX's preemption notifier, which tells every process: `at_sync_point(step)`
-is then true on all of them at the same step, so every host saves the same update (a preempted TPU pod).
+is then true on all of them at the same step, so every host saves the same update (a preempted TPU pod). A
+SIGINT reaches one host: there `check` does not raise mid-update (the others would wait in a collective), and
+`at_sync_point` agrees over the processes, so every host stops before the same update.
 """
 from __future__ import annotations
 
@@ -47,16 +49,20 @@ class StopSignals:
     sys.stderr.flush()
 
   def check(self) -> None:
-    if self.requested is not None:
+    if self.requested is not None and not self.multi_process:
       raise StopRequested(self.requested)
 
   def at_sync_point(self, step: int) -> bool:
     """Multi-process: whether a SIGTERM reached any process, agreed by all at this step (call it at the same
     increasing steps on every process); it then counts as requested here too. Single process: `requested`."""
-    if self.multi_process and self.requested is None:
+    if self.multi_process:
       from jax.experimental import multihost_utils
-      if multihost_utils.reached_preemption_sync_point(step):
+      from seed_jax.infra import distributed
+      if multihost_utils.reached_preemption_sync_point(step) and self.requested is None:
         self.requested = "SIGTERM"
+      names = [n for n in distributed.allgather_objects(self.requested) if n]  # a signal on any process
+      if names and self.requested is None:
+        self.requested = names[0]
     return self.requested is not None
 
   def __enter__(self) -> "StopSignals":

@@ -110,22 +110,24 @@ def test_a_dead_peer_ends_the_survivor_naming_it():
   assert re.search(r"Task 1 heartbeat timeout|unhealthy \(stopped sending heartbeats\):\s*1", outs[0]), outs[0][-3000:]
 
 
-def test_sigterm_on_one_process_stops_every_process_at_the_same_step():
-  """A preempted host gets SIGTERM; JAX's preemption notifier spreads it, and StopSignals.at_sync_point is true
-  on both processes before the same step, so all save the same update."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_on_one_process_stops_every_process_at_the_same_step(sig):
+  """A preempted host gets SIGTERM (JAX's preemption notifier spreads it), Ctrl-C on one host SIGINT (the
+  processes agree on it): StopSignals.at_sync_point is true on both processes before the same step, so all save
+  the same update."""
   procs = _launch("preempt", 2, "--ckpt=unused", "--out=unused")
   try:
     for line in procs[1].stdout:
       if "process 1 running" in line:
         break
-    procs[1].send_signal(signal.SIGTERM)
+    procs[1].send_signal(getattr(signal, sig))
     outs = [p.communicate(timeout=120)[0] for p in procs]
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
   assert [p.returncode for p in procs] == [0, 0], outs
-  steps = [re.search(r"process \d stopped before step (\d+) by SIGTERM", out) for out in outs]
+  steps = [re.search(rf"process \d stopped before step (\d+) by {sig}", out) for out in outs]
   assert all(steps), outs
   assert steps[0].group(1) == steps[1].group(1)
 
