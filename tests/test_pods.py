@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # entropy bonus of a near-uniform random model, which cancels). Adam then steps each element by ~lr whatever its
 # size, so elements whose gradient is at rounding level may step either way: the parameter changes agree to
 # CHANGE_RTOL in L2 (measured 5e-3) and all but OFF_FRAC of the elements to 1e-5 (measured 1e-3 or less).
-CHANGE_RTOL, OFF_FRAC = 2e-2, 1e-2
+# With the distillation term's gradient (the padded runs with skills) they agree to 4e-6: OPD_RTOL.
+CHANGE_RTOL, OFF_FRAC, OPD_RTOL = 2e-2, 1e-2, 1e-4
 EXACT = ("rollout/return", "rollout/success", "rollout/episode_length", "rollout/invalid_action_rate",
          "rollout/response_tokens", "rollout/episodes", "rollout/env_errors", "analysis/parse_rate",
          "advantages/nonzero_frac", "update/optimizer_steps", "opd/analyzed_row_frac") + tuple(
@@ -131,15 +132,16 @@ def _init(model):
   return jax.tree.map(np.asarray, weights.load_model(model)[1])
 
 
-def _assert_same_change(p1, p2, init):
-  """p1 and p2 moved init the same way (CHANGE_RTOL, OFF_FRAC), and visibly."""
+def _assert_same_change(p1, p2, init, rtol=CHANGE_RTOL, off_frac=OFF_FRAC):
+  """p1 and p2 moved init the same way (L2 within rtol, all but off_frac of the elements within 1e-5), and
+  visibly."""
   flat = lambda p: np.concatenate([(x - z).ravel() for x, z in zip(jax.tree.leaves(p), jax.tree.leaves(init))])
   d1, d2 = flat(p1), flat(p2)
   assert np.abs(d1).max() > 1e-4  # the updates moved the weights
   rel = np.linalg.norm(d2 - d1) / np.linalg.norm(d1)
   off = float(np.mean(np.abs(d2 - d1) > 1e-5))
   print(f"parameter change: L2 difference {rel:.1e} of its norm, {off:.1e} of the elements off by > 1e-5")
-  assert rel <= CHANGE_RTOL and off <= OFF_FRAC, (rel, off)
+  assert rel <= rtol and off <= off_frac, (rel, off)
 
 
 def _same_update(a: dict, b: dict):
@@ -208,7 +210,8 @@ def test_skill_context_and_distillation_loss_agree_across_process_counts(tiny_mo
   assert all(0 < r["opd/analyzed_row_frac"] < 1 and r["update/opd_active_tokens"] > 0 for r in m1)
   for a, b in zip(m1, m2):
     _same_update(a, b)
-  _assert_same_change(_params(one, tiny_model_dir, 2), _params(two, tiny_model_dir, 2), _init(tiny_model_dir))
+  _assert_same_change(_params(one, tiny_model_dir, 2), _params(two, tiny_model_dir, 2), _init(tiny_model_dir),
+                      rtol=OPD_RTOL, off_frac=0.0)
 
 
 def test_two_process_checkpoint_resumes_in_one_process(runs):
