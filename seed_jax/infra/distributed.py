@@ -2,8 +2,10 @@
 
 Every process runs the same program. Device work is SPMD over the global mesh, so each jitted call is made
 by all processes with arrays of the same global shape; each process supplies only the rows that live on its
-own devices (`global_batch`) and reads back only those (`local_rows`). Host work (environments, prompts) is
-split deterministically (`host_slice`), and only process 0 writes logs, dumps and metrics.
+own devices (`global_batch`; `grouped_global_batch` for micro-batches) and reads back only those
+(`local_rows`); a process's rows are one contiguous block (`row_block`). Shapes are agreed first
+(`agree_max`), small host data is gathered (`allgather_objects`). Host work (environments, prompts) is split
+deterministically (`host_slice`), and only process 0 writes logs, dumps and metrics.
 """
 from __future__ import annotations
 
