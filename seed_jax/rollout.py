@@ -112,11 +112,8 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
     order = list(prompts)
     t0 = time.perf_counter()
     frames = [frame_of(env_cfg, episodes[i].obs) for i in order]  # what fit_prompt encoded
-    ids = [episode_ids[i] for i in order]
-    if any(f is not None for f in frames):
-      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), frames, ids)
-    else:
-      gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), None, ids)
+    gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t),
+                    frames if any(f is not None for f in frames) else None, [episode_ids[i] for i in order])
     tick("generate_s", t0)
     actions = {}
     for i, gen, frame in zip(order, gens, frames):

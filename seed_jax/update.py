@@ -177,22 +177,19 @@ def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: 
                                            chunk=chunk, remat=remat, teacher=teacher), has_aux=True)
 
   def update(state: TrainState, batch: MiniBatch, temperature):
-    if batch.grouped:
-      micro = batch
-      batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
-    M = batch.resp_BR.shape[0]
-    if batch.grouped:
-      n_micro = micro.resp_BR.shape[0]
-    elif batch.micro_batches:  # packed: rows and slots are already grouped per micro-batch
-      n_micro = batch.micro_batches
-    elif M % micro_batch_size:
-      raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
+    if batch.grouped:  # leaves [micro-batches, rows, ...] already (distributed.grouped_global_batch)
+      micro, batch = batch, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
     else:
-      n_micro = M // micro_batch_size
+      M = batch.resp_BR.shape[0]
+      if batch.micro_batches:  # packed: rows and slots are already grouped per micro-batch
+        n_micro = batch.micro_batches
+      elif M % micro_batch_size:
+        raise ValueError(f"mini-batch of {M} rows is not a multiple of micro_batch_size={micro_batch_size}")
+      else:
+        n_micro = M // micro_batch_size
+      micro = jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
     norm = losses.loss_normalizers(batch.rmask_BR, batch.opd_mask_B if loss_cfg.uses_skill else None,
                                    loss_cfg.agg_mode)
-    if not batch.grouped:
-      micro = jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, metrics_shape), _ = jax.eval_shape(loss_fn, state.params, first, norm, temperature)
     zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
