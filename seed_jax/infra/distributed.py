@@ -142,11 +142,11 @@ def check_row_split(mesh: Mesh) -> None:
   row_block(mesh, dp)  # raises when a process's rows are not one contiguous block
 
 
-def row_block(mesh: Mesh, rows: int, axis_ndim: int = 1) -> tuple[int, int]:
+def row_block(mesh: Mesh, rows: int) -> tuple[int, int]:
   """(first row, row count) of this process's block of a [rows] axis split over the data-parallel devices."""
   if jax.process_count() == 1:
     return 0, rows
-  idx = batch_sharding(mesh, axis_ndim, rows).addressable_devices_indices_map((rows,) + (1,) * (axis_ndim - 1))
+  idx = batch_sharding(mesh, 1, rows).addressable_devices_indices_map((rows,))
   starts = sorted({(sl[0].start or 0, sl[0].stop if sl[0].stop is not None else rows) for sl in idx.values()})
   lo, hi = starts[0][0], starts[-1][1]
   if hi - lo != rows // jax.process_count() or any(a[1] != b[0] for a, b in zip(starts, starts[1:])):
@@ -156,8 +156,8 @@ def row_block(mesh: Mesh, rows: int, axis_ndim: int = 1) -> tuple[int, int]:
 
 
 def global_batch(local: Any, mesh: Mesh, axis: int = 0) -> Any:
-  """Global device arrays whose rows (axis `axis`) are the concatenation, in process order, of each process's
-  `local` rows (a pytree of numpy arrays; every process passes the same shapes). One process: a placement."""
+  """Global device arrays whose rows (axis `axis`) are every process's `local` rows, each process's in its
+  row block (row_block; a pytree of numpy arrays, the same shapes on every process). One process: a placement."""
   def one(x):
     x = np.asarray(x)
     rows = x.shape[axis] * jax.process_count() if x.ndim > axis else None
