@@ -5,10 +5,13 @@ running sum `l`) walks the key blocks up to its own, so no more than one [block,
 head is alive and the masked upper triangle is never computed. Token t attends to slots s <= t of its own
 segment; segment 0 is padding (left padding, packing gaps) and its rows come out as 0.
 
-The backward pass is written by hand (jax.custom_vjp): it keeps only the output and the per-row log-sum-exp,
-recomputes each tile's probabilities and walks the same lower triangle twice (dq by query block; dk, dv by key
-block), so a training step's attention memory is O(T) per head instead of the O(T^2) of autodiff through the
-tiles.
+Inside, q, k and v are head-major tiles [n, B, K, (G,) block, h], so each tile is a batched matrix product
+over (B, K) with no relayout in the loops. The backward pass is written by hand (jax.custom_vjp): it keeps
+only the output and the per-row log-sum-exp and walks the lower triangle once by key block, recomputing each
+tile's probabilities once for dq, dk and dv, so a training step's attention memory is O(T) per head instead of
+the O(T^2) of autodiff through the tiles (one SmolLM2 layer's attention over 2 rows of 1024 slots in 4
+segments, AMD EPYC: forward 13 ms and forward + backward 40 ms, against 17 and 74 ms with token-major tiles and
+a backward that walked the triangle twice).
 """
 from __future__ import annotations
 
@@ -29,10 +32,9 @@ def batched_dot(eq, a, b, dtype):
   return jnp.einsum(eq, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _tile_mask(seg_BT, i, j, block):
+def _tile_mask(seg_nBb, i, j, block):
   """[B, block, block]: query slot >= key slot, same segment, key not padding (query block i, key block j)."""
-  q_seg = jax.lax.dynamic_slice_in_dim(seg_BT, i * block, block, axis=1)
-  k_seg = jax.lax.dynamic_slice_in_dim(seg_BT, j * block, block, axis=1)
+  q_seg, k_seg = seg_nBb[i], seg_nBb[j]
   causal = (i * block + jnp.arange(block))[:, None] >= (j * block + jnp.arange(block))[None, :]
   return causal[None] & (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0)
 
@@ -43,15 +45,18 @@ def _pad_to_tiles(block, *xs_BT):
   return tuple(jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) for x in xs_BT)
 
 
-def _blocks(x, block):
-  """[B, T, ...] -> [n, B, block, ...] (T a multiple of block)."""
-  B, T = x.shape[:2]
-  return jnp.moveaxis(x.reshape((B, T // block, block) + x.shape[2:]), 1, 0)
+def _head_major_tiles(x_BT, block):
+  """[B, T, K, (G,) h] -> [n, B, K, (G,) block, h] (T a multiple of block): each tile's scores and products are
+  then plain batched matrix products over (B, K), with no relayout inside the loops."""
+  B, T = x_BT.shape[:2]
+  x = x_BT.reshape((B, T // block, block) + x_BT.shape[2:])
+  return jnp.transpose(x, (1, 0) + tuple(range(3, x.ndim - 1)) + (2, x.ndim - 1))
 
 
-def _unblocks(x):
-  n, B, block = x.shape[:3]
-  return jnp.moveaxis(x, 0, 1).reshape((B, n * block) + x.shape[3:])
+def _from_head_major_tiles(x_n):
+  """[n, B, K, G, block, h] -> [B, n * block, K, G, h]."""
+  n, B, K, G, block, h = x_n.shape
+  return jnp.transpose(x_n, (1, 0, 4, 2, 3, 5)).reshape(B, n * block, K, G, h)
 
 
 def block_ranges(seg_BT, block):
@@ -70,10 +75,10 @@ def block_ranges(seg_BT, block):
   return lo_n, hi_n
 
 
-def _scores(q_BqKGh, k_BkKh, seg_BT, i, j, block, dtype):
+def _scores(qb, kb, seg_nBb, i, j, block, dtype):
   """(masked scores [B, K, G, bq, bk] of tile (i, j), its mask [B, bq, bk]); q is already scaled."""
-  mask = _tile_mask(seg_BT, i, j, block)
-  s = batched_dot("bqkgh,bskh->bkgqs", q_BqKGh, k_BkKh, dtype)
+  mask = _tile_mask(seg_nBb, i, j, block)
+  s = batched_dot("bkgqh,bksh->bkgqs", qb[i], kb[j], dtype)
   return jnp.where(mask[:, None, None], s, _NEG), mask
 
 
@@ -99,72 +104,61 @@ def softmax_finish(carry):
   return acc / safe[..., None], jnp.where(l > 0, m + jnp.log(safe), _NEG)
 
 
-def _forward(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype):
-  """(output [B, T, K, G, h] fp32, log-sum-exp [B, K, G, T] fp32); q is already scaled."""
-  qb, kb, vb = _blocks(q_BTKGh, block), _blocks(k_BTKh, block), _blocks(v_BTKh, block)
-  n = qb.shape[0]
-  B, _, K, G, h = q_BTKGh.shape
+def _forward(qb, kb, vb, seg_BT, block, dtype):
+  """(output [n, B, K, G, block, h] fp32, log-sum-exp [n, B, K, G, block] fp32) of head-major tiles; q is
+  already scaled."""
+  n, B, K, G, _, h = qb.shape
+  seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
   lo_n, _ = block_ranges(seg_BT, block)
 
   def query_block(i):
     def key_block(j, carry):
-      s, mask = _scores(qb[i], kb[j], seg_BT, i, j, block, dtype)
-      return softmax_tile(carry, s, mask, vb[j], "bkgqs,bskh->bkgqh", dtype)
+      s, mask = _scores(qb, kb, seg_nBb, i, j, block, dtype)
+      return softmax_tile(carry, s, mask, vb[j], "bkgqs,bksh->bkgqh", dtype)
 
     # causal: key blocks past the diagonal are skipped; so are those before the block's earliest segment
     return softmax_finish(jax.lax.fori_loop(lo_n[i], i + 1, key_block, softmax_start(B, K, G, block, h)))
 
-  out_nBKGqh, lse_nBKGq = jax.lax.map(query_block, jnp.arange(n))
-  out = _unblocks(jnp.einsum("nbkgqh->nbqkgh", out_nBKGqh))
-  lse = jnp.moveaxis(lse_nBKGq, 0, 3).reshape(B, K, G, n * block)
-  return out, lse
+  return jax.lax.map(query_block, jnp.arange(n))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _attention(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype):
-  return _forward(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype)[0]
+def _attention(qb, kb, vb, seg_BT, block, dtype):
+  return _forward(qb, kb, vb, seg_BT, block, dtype)[0]
 
 
-def _attention_fwd(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype):
-  out, lse = _forward(q_BTKGh, k_BTKh, v_BTKh, seg_BT, block, dtype)
-  return out, (q_BTKGh, k_BTKh, v_BTKh, seg_BT, out, lse)
+def _attention_fwd(qb, kb, vb, seg_BT, block, dtype):
+  out, lse = _forward(qb, kb, vb, seg_BT, block, dtype)
+  return out, (qb, kb, vb, seg_BT, out, lse)
 
 
-def _attention_bwd(block, dtype, res, dout_BTKGh):
-  q_BTKGh, k_BTKh, v_BTKh, seg_BT, out, lse_BKGT = res
-  qb, kb, vb, dob = (_blocks(x, block) for x in (q_BTKGh, k_BTKh, v_BTKh, dout_BTKGh.astype(jnp.float32)))
-  n = qb.shape[0]
-  lo_n, hi_n = block_ranges(seg_BT, block)
-  delta_BKGT = jnp.einsum("btkgh,btkgh->bkgt", dout_BTKGh.astype(jnp.float32), out)
-  lse_n, delta_n = (jnp.moveaxis(x.reshape(x.shape[:3] + (n, block)), 3, 0) for x in (lse_BKGT, delta_BKGT))
+def _attention_bwd(block, dtype, res, dout):
+  """One walk over the lower triangle, by key block: each tile's probabilities and d(scores) are recomputed
+  once and feed dk, dv (carried per key block) and dq (accumulated in place at its query block)."""
+  qb, kb, vb, seg_BT, out, lse = res
+  n, B = qb.shape[:2]
+  seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
+  _, hi_n = block_ranges(seg_BT, block)
+  dout = dout.astype(jnp.float32)
+  delta = jnp.sum(dout * out, axis=-1)  # [n, B, K, G, block]
 
-  def tile(i, j):
-    """(p, ds) of tile (i, j): probabilities and d(scores), [B, K, G, bq, bk]."""
-    s, mask = _scores(qb[i], kb[j], seg_BT, i, j, block, dtype)
-    p = jnp.where(mask[:, None, None], jnp.exp(s - lse_n[i][..., None]), 0.0)
-    dp = batched_dot("bqkgh,bskh->bkgqs", dob[i], vb[j], dtype)
-    return p, p * (dp - delta_n[i][..., None])
-
-  def dq_block(i):
-    def step(j, dq):
-      _, ds = tile(i, j)
-      return dq + batched_dot("bkgqs,bskh->bqkgh", ds, kb[j], dtype)
-    return jax.lax.fori_loop(lo_n[i], i + 1, step, jnp.zeros(qb.shape[1:], jnp.float32))
-
-  def dkv_block(j):
+  def key_block(dq, j):
     def step(i, carry):
-      dk, dv = carry
-      p, ds = tile(i, j)
-      dv = dv + batched_dot("bkgqs,bqkgh->bskh", p, dob[i], dtype)
-      dk = dk + batched_dot("bkgqs,bqkgh->bskh", ds, qb[i], dtype)
-      return dk, dv
+      dq, dk, dv = carry
+      s, mask = _scores(qb, kb, seg_nBb, i, j, block, dtype)
+      p = jnp.where(mask[:, None, None], jnp.exp(s - lse[i][..., None]), 0.0)
+      ds = p * (batched_dot("bkgqh,bksh->bkgqs", dout[i], vb[j], dtype) - delta[i][..., None])
+      dv = dv + batched_dot("bkgqs,bkgqh->bksh", p, dout[i], dtype)
+      dk = dk + batched_dot("bkgqs,bkgqh->bksh", ds, qb[i], dtype)
+      return dq.at[i].add(batched_dot("bkgqs,bksh->bkgqh", ds, kb[j], dtype)), dk, dv
+
     zeros = jnp.zeros(kb.shape[1:], jnp.float32)
     # causal: only query blocks at or after j, and none after the last one whose segments reach into j
-    return jax.lax.fori_loop(j, hi_n[j] + 1, step, (zeros, zeros))
+    dq, dk, dv = jax.lax.fori_loop(j, hi_n[j] + 1, step, (dq, zeros, zeros))
+    return dq, (dk, dv)
 
-  dq = _unblocks(jax.lax.map(dq_block, jnp.arange(n)))
-  dk, dv = (_unblocks(x) for x in jax.lax.map(dkv_block, jnp.arange(n)))
-  return (dq.astype(q_BTKGh.dtype), dk.astype(k_BTKh.dtype), dv.astype(v_BTKh.dtype), None)
+  dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qb.shape, jnp.float32), jnp.arange(n))
+  return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -178,8 +172,10 @@ def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: in
   block = min(block, max(T, 1))
   q_BTKGh, k_BTKh, v_BTKh, segment_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, segment_BT)
   scale = q_BTKGh.shape[-1] ** -0.5
-  out = _attention(q_BTKGh * scale, k_BTKh, v_BTKh, segment_BT.astype(jnp.int32), block, jnp.dtype(dtype).name)
-  return out[:, :T]
+  tiles = lambda x: _head_major_tiles(x, block)
+  out = _attention(tiles(q_BTKGh * scale), tiles(k_BTKh), tiles(v_BTKh), segment_BT.astype(jnp.int32), block,
+                   jnp.dtype(dtype).name)
+  return _from_head_major_tiles(out)[:, :T]
 
 
 def fused_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, implementation: str = "cudnn"):
