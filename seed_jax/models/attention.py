@@ -75,10 +75,10 @@ def block_ranges(seg_BT, block):
   return lo_n, hi_n
 
 
-def _scores(qb, kb, seg_nBb, i, j, block, dtype):
+def _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype):
   """(masked scores [B, K, G, bq, bk] of tile (i, j), its mask [B, bq, bk]); q is already scaled."""
   mask = _tile_mask(seg_nBb, i, j, block)
-  s = batched_dot("bkgqh,bksh->bkgqs", qb[i], kb[j], dtype)
+  s = batched_dot("bkgqh,bksh->bkgqs", q_nBKGbh[i], k_nBKbh[j], dtype)
   return jnp.where(mask[:, None, None], s, _NEG), mask
 
 
@@ -104,17 +104,17 @@ def softmax_finish(carry):
   return acc / safe[..., None], jnp.where(l > 0, m + jnp.log(safe), _NEG)
 
 
-def _forward(qb, kb, vb, seg_BT, block, dtype):
+def _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
   """(output [n, B, K, G, block, h] fp32, log-sum-exp [n, B, K, G, block] fp32) of head-major tiles; q is
   already scaled."""
-  n, B, K, G, _, h = qb.shape
+  n, B, K, G, _, h = q_nBKGbh.shape
   seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
   lo_n, _ = block_ranges(seg_BT, block)
 
   def query_block(i):
     def key_block(j, carry):
-      s, mask = _scores(qb, kb, seg_nBb, i, j, block, dtype)
-      return softmax_tile(carry, s, mask, vb[j], "bkgqs,bksh->bkgqh", dtype)
+      s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype)
+      return softmax_tile(carry, s, mask, v_nBKbh[j], "bkgqs,bksh->bkgqh", dtype)
 
     # causal: key blocks past the diagonal are skipped; so are those before the block's earliest segment
     return softmax_finish(jax.lax.fori_loop(lo_n[i], i + 1, key_block, softmax_start(B, K, G, block, h)))
@@ -123,42 +123,42 @@ def _forward(qb, kb, vb, seg_BT, block, dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _attention(qb, kb, vb, seg_BT, block, dtype):
-  return _forward(qb, kb, vb, seg_BT, block, dtype)[0]
+def _attention(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
+  return _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype)[0]
 
 
-def _attention_fwd(qb, kb, vb, seg_BT, block, dtype):
-  out, lse = _forward(qb, kb, vb, seg_BT, block, dtype)
-  return out, (qb, kb, vb, seg_BT, out, lse)
+def _attention_fwd(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
+  out_nBKGbh, lse_nBKGb = _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype)
+  return out_nBKGbh, (q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, out_nBKGbh, lse_nBKGb)
 
 
-def _attention_bwd(block, dtype, res, dout):
+def _attention_bwd(block, dtype, res, dout_nBKGbh):
   """One walk over the lower triangle, by key block: each tile's probabilities and d(scores) are recomputed
   once and feed dk, dv (carried per key block) and dq (accumulated in place at its query block)."""
-  qb, kb, vb, seg_BT, out, lse = res
-  n, B = qb.shape[:2]
+  q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, out_nBKGbh, lse_nBKGb = res
+  n, B = q_nBKGbh.shape[:2]
   seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
   _, hi_n = block_ranges(seg_BT, block)
-  dout = dout.astype(jnp.float32)
-  delta = jnp.sum(dout * out, axis=-1)  # [n, B, K, G, block]
+  dout_nBKGbh = dout_nBKGbh.astype(jnp.float32)
+  delta_nBKGb = jnp.sum(dout_nBKGbh * out_nBKGbh, axis=-1)  # [n, B, K, G, block]
 
-  def key_block(dq, j):
+  def key_block(dq_nBKGbh, j):
     def step(i, carry):
-      dq, dk, dv = carry
-      s, mask = _scores(qb, kb, seg_nBb, i, j, block, dtype)
-      p = jnp.where(mask[:, None, None], jnp.exp(s - lse[i][..., None]), 0.0)
-      ds = p * (batched_dot("bkgqh,bksh->bkgqs", dout[i], vb[j], dtype) - delta[i][..., None])
-      dv = dv + batched_dot("bkgqs,bkgqh->bksh", p, dout[i], dtype)
-      dk = dk + batched_dot("bkgqs,bkgqh->bksh", ds, qb[i], dtype)
-      return dq.at[i].add(batched_dot("bkgqs,bksh->bkgqh", ds, kb[j], dtype)), dk, dv
+      dq_nBKGbh, dk_BKbh, dv_BKbh = carry
+      s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype)
+      p = jnp.where(mask[:, None, None], jnp.exp(s - lse_nBKGb[i][..., None]), 0.0)
+      ds = p * (batched_dot("bkgqh,bksh->bkgqs", dout_nBKGbh[i], v_nBKbh[j], dtype) - delta_nBKGb[i][..., None])
+      dv_BKbh = dv_BKbh + batched_dot("bkgqs,bkgqh->bksh", p, dout_nBKGbh[i], dtype)
+      dk_BKbh = dk_BKbh + batched_dot("bkgqs,bkgqh->bksh", ds, q_nBKGbh[i], dtype)
+      return dq_nBKGbh.at[i].add(batched_dot("bkgqs,bksh->bkgqh", ds, k_nBKbh[j], dtype)), dk_BKbh, dv_BKbh
 
-    zeros = jnp.zeros(kb.shape[1:], jnp.float32)
+    zeros = jnp.zeros(k_nBKbh.shape[1:], jnp.float32)
     # causal: only query blocks at or after j, and none after the last one whose segments reach into j
-    dq, dk, dv = jax.lax.fori_loop(j, hi_n[j] + 1, step, (dq, zeros, zeros))
-    return dq, (dk, dv)
+    dq_nBKGbh, dk_BKbh, dv_BKbh = jax.lax.fori_loop(j, hi_n[j] + 1, step, (dq_nBKGbh, zeros, zeros))
+    return dq_nBKGbh, (dk_BKbh, dv_BKbh)
 
-  dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qb.shape, jnp.float32), jnp.arange(n))
-  return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None
+  dq_nBKGbh, (dk_nBKbh, dv_nBKbh) = jax.lax.scan(key_block, jnp.zeros(q_nBKGbh.shape, jnp.float32), jnp.arange(n))
+  return dq_nBKGbh.astype(q_nBKGbh.dtype), dk_nBKbh.astype(k_nBKbh.dtype), dv_nBKbh.astype(v_nBKbh.dtype), None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

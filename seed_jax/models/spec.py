@@ -71,7 +71,7 @@ class ModelSpec:
     """The spec of a forward over packed rows (several sequences per row): with "auto" on XLA:CPU it attends
     blockwise in tiles of PACKED_BLOCK slots, which skips the tiles between segments
     (models/attention.block_ranges). One row of 1536 slots in four segments, SmolLM2-135M, AMD EPYC: forward
-    1.29 s against 1.74 s blocked, forward + backward (remat) 7.3 s against 8.7 s. Accelerators keep "auto"'s
+    1.53 s against 2.12 s blocked, forward + backward (remat) 6.7 s against 10.0 s. Accelerators keep "auto"'s
     choice by length (not measured there; "splash" takes segment ids on TPU)."""
     import jax
     if self.attention != "auto" or jax.default_backend() != "cpu":
