@@ -245,7 +245,10 @@ def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], 
   layer = layer_activation_bytes(spec, B, T, None, mesh)
   block_input = shard_bytes((B, T, spec.dim), ("batch", "length", None), mesh)
   chunk = min(w.vocab_chunk, R)
-  if remat:  # saved: each block's input; live in the backward: one block recomputed plus its cotangents
+  if remat:  # saved: each block's input (and the blockwise attention's output and lse, SAVED_UNDER_REMAT);
+    # live in the backward: one block recomputed plus its cotangents
+    if spec.blockwise(T) and spec.attention not in ("splash", "cudnn"):
+      block_input += shard_bytes((B, T, spec.n_heads, spec.head_dim + 1), ("batch", "length", "heads", None), mesh)
     return spec.n_layers * block_input + 2 * layer + 2 * logits_bytes(spec, B, chunk, mesh)
   return spec.n_layers * layer + layer + logits_bytes(spec, B, R, mesh) + logits_bytes(spec, B, chunk, mesh)
 

@@ -16,10 +16,16 @@ a backward that walked the triangle twice).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
+# What a rematerialized layer keeps of the blockwise attention: its output and per-row log-sum-exp, the backward's
+# residuals besides q, k, v (cheap projections to redo). Recomputing them is a second walk over the score tiles,
+# elementwise-bound on CPU; keeping them costs (heads x head_dim + heads) floats per token and layer.
+SAVED_UNDER_REMAT = ("attention_out", "attention_lse")
 _NEG = -1e30  # running-max start: finite, so an all-masked tile leaves m, l and the output untouched
 
 
@@ -129,6 +135,8 @@ def _attention(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
 
 def _attention_fwd(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
   out_nBKGbh, lse_nBKGb = _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype)
+  # named so that a rematerialized layer saves them (SAVED_UNDER_REMAT) instead of re-running the tile walk
+  out_nBKGbh, lse_nBKGb = checkpoint_name(out_nBKGbh, "attention_out"), checkpoint_name(lse_nBKGb, "attention_lse")
   return out_nBKGbh, (q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, out_nBKGbh, lse_nBKGb)
 
 
@@ -164,18 +172,44 @@ def _attention_bwd(block, dtype, res, dout_nBKGbh):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, dtype=jnp.float32):
+def _batch_shards(B: int) -> int:
+  """How many devices the rows are spread over (the mesh axes that "batch" maps to), 1 off a mesh."""
+  from seed_jax.infra.mesh import logical_to_spec
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    return 1
+  axes = logical_to_spec(("batch",), (B,), dict(mesh.shape))[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return int(math.prod(mesh.shape[a] for a in axes))
+
+
+def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, dtype=jnp.float32,
+                               rows_per_step: int = 0):
   """Grouped-query causal attention among one call's tokens: q [B, T, K, G, h] (K kv heads, G queries each),
   k/v [B, T, K, h], segment ids [B, T] (0 = padding). Returns [B, T, K, G, h] fp32; padding rows are 0.
-  T need not be a multiple of `block`: the tail is padded with segment 0."""
+  T need not be a multiple of `block`: the tail is padded with segment 0.
+
+  rows_per_step > 0: that many rows of each batch shard at a time (`lax.map` over each shard's rows, so the loop
+  never crosses the data sharding). The rows then walk only their own segments' tiles (the ranges are the
+  step's rows', not the batch's), and a tile's scores stay in the core's cache: on XLA:CPU, where the
+  softmax's elementwise passes over the tiles bound the time, that is faster for packed rows (see
+  ModelSpec.for_packed_rows)."""
   B, T = segment_BT.shape
   block = min(block, max(T, 1))
   q_BTKGh, k_BTKh, v_BTKh, segment_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, segment_BT)
   scale = q_BTKGh.shape[-1] ** -0.5
   tiles = lambda x: _head_major_tiles(x, block)
-  out = _attention(tiles(q_BTKGh * scale), tiles(k_BTKh), tiles(v_BTKh), segment_BT.astype(jnp.int32), block,
-                   jnp.dtype(dtype).name)
-  return _from_head_major_tiles(out)[:, :T]
+  attend = lambda q, k, v, seg: _from_head_major_tiles(
+      _attention(tiles(q * scale), tiles(k), tiles(v), seg.astype(jnp.int32), block, jnp.dtype(dtype).name))
+  shards, r = _batch_shards(B), rows_per_step
+  if r <= 0 or B % (shards * r) or B == shards * r:
+    return attend(q_BTKGh, k_BTKh, v_BTKh, segment_BT)[:, :T]
+  # [B, ...] -> [steps, shards * r, ...]: step i takes rows [i r, (i + 1) r) of every shard's contiguous block
+  n = B // (shards * r)
+  steps = lambda x: jnp.swapaxes(x.reshape((shards, n, r) + x.shape[1:]), 0, 1).reshape((n, shards * r) + x.shape[1:])
+  out = jax.lax.map(lambda xs: attend(*xs), tuple(map(steps, (q_BTKGh, k_BTKh, v_BTKh, segment_BT))))
+  out = jnp.swapaxes(out.reshape((n, shards, r) + out.shape[2:]), 0, 1)
+  return out.reshape((B,) + out.shape[3:])[:, :T]
 
 
 def fused_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, implementation: str = "cudnn"):

@@ -12,6 +12,7 @@ _FAMILY = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCa
 
 ATTENTION_IMPLS = ("auto", "blocked", "xla_blockwise", "splash", "cudnn")
 PACKED_BLOCK = 128  # packed rows' attention tiles: small enough to skip most cross-segment work
+PACKED_ROWS_PER_STEP = 2  # packed rows attend two rows per batch shard at a time on XLA:CPU (see for_packed_rows)
 BLOCKWISE_MIN_TOKENS = 4096  # "auto" switches where the blocked path's T x T scores start to dominate memory
 
 
@@ -57,6 +58,7 @@ class ModelSpec:
   # "auto": xla_blockwise from BLOCKWISE_MIN_TOKENS tokens on.
   attention: str = "auto"
   attention_block: int = 512
+  attention_rows_per_step: int = 0  # xla_blockwise: rows of each batch shard per step, 0 = all at once
 
   @property
   def family(self) -> str:
@@ -72,11 +74,17 @@ class ModelSpec:
     blockwise in tiles of PACKED_BLOCK slots, which skips the tiles between segments
     (models/attention.block_ranges). One row of 1536 slots in four segments, SmolLM2-135M, AMD EPYC: forward
     1.53 s against 2.12 s blocked, forward + backward (remat) 6.7 s against 10.0 s. Accelerators keep "auto"'s
-    choice by length (not measured there; "splash" takes segment ids on TPU)."""
+    choice by length (not measured there; "splash" takes segment ids on TPU).
+
+    Rows attend PACKED_ROWS_PER_STEP at a time: each step walks only its rows' tiles and its score tiles stay in
+    cache. Attention of one SmolLM2 layer, forward / forward + backward, AMD EPYC: 8 rows x 896 slots in two
+    segments each 124 / 372 ms against 151-167 / 423-484 ms all at once, 4 x 1920 in four 162 / 539 against
+    201-215 / 567-601; 2 x 896 is one step either way."""
     import jax
     if self.attention != "auto" or jax.default_backend() != "cpu":
       return self
-    return dataclasses.replace(self, attention="xla_blockwise", attention_block=PACKED_BLOCK)
+    return dataclasses.replace(self, attention="xla_blockwise", attention_block=PACKED_BLOCK,
+                               attention_rows_per_step=PACKED_ROWS_PER_STEP)
 
   def with_attention(self, model_cfg) -> "ModelSpec":
     """This spec with config.model's attention choice."""

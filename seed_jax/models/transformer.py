@@ -299,7 +299,8 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, seg
   v_BKTh = _to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
   if kv is None and mask_BTS is None:
     kernel = {"splash": attention.splash_causal_attention, "cudnn": attention.fused_causal_attention}.get(
-        spec.attention, functools.partial(attention.blockwise_causal_attention, dtype=dtype))
+        spec.attention, functools.partial(attention.blockwise_causal_attention, dtype=dtype,
+                                           rows_per_step=spec.attention_rows_per_step))
     o_BTKGh = kernel(q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, segment_BT, block=spec.attention_block)
     kv = (k_BKhT, v_BKTh)
   elif kv is None:
@@ -372,7 +373,8 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
       & (segment_BT[:, None, :] > 0))
   layer_fn = functools.partial(_layer, spec, dtype)
   if remat:
-    layer_fn = jax.checkpoint(layer_fn, prevent_cse=False)
+    layer_fn = jax.checkpoint(layer_fn, prevent_cse=False,
+                              policy=jax.checkpoint_policies.save_only_these_names(*attention.SAVED_UNDER_REMAT))
 
   def body(x, w):
     x, kv = layer_fn(x, w, cos_BTh, sin_BTh, None, mask_BTS, segment_BT)

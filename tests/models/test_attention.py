@@ -4,6 +4,7 @@ length that is not a multiple of the tile, bf16, a mesh; the transformer's forwa
 attention="xla_blockwise" / "splash" equal the "blocked" path; and the blockwise gradient's compiled memory grows
 linearly with the length where the materialized path's grows quadratically."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +68,67 @@ def test_packed_rows_skip_the_tiles_of_other_segments():
     want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, s)), (0, 1, 2))(q, k, v)
     for g, r in zip(got, want):
       np.testing.assert_allclose(g, r, atol=5e-6)
+
+
+@pytest.mark.parametrize("rows_per_step", [1, 2, 3])
+def test_rows_in_steps_equal_all_rows_at_once(rows_per_step):
+  """Rows attended a few at a time (each step its own tile ranges) give the all-rows-at-once values and
+  gradients to 1e-6 and the materialized softmax's; 3 does not divide 4 rows, so all go at once."""
+  q, k, v, seg, w = _inputs(B=4, seed=5)
+  seg = seg.at[2, 30:].set(2).at[3, :12].set(0)  # four different segment layouts
+  w = w * (seg > 0)[:, :, None, None, None]
+  fn = lambda r: (lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=8, rows_per_step=r))
+  loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) * w))
+  np.testing.assert_allclose(fn(rows_per_step)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
+  np.testing.assert_allclose(fn(rows_per_step)(q, k, v), fn(0)(q, k, v), atol=1e-6)
+  got = jax.grad(loss(fn(rows_per_step)), (0, 1, 2))(q, k, v)
+  for g, r in zip(got, jax.grad(loss(fn(0)), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, r, atol=1e-6)
+
+
+def test_row_steps_under_a_mesh_stay_inside_each_shard():
+  """8 rows over 4 batch shards (data x fsdp), one row per shard per step: equal to one device, and the
+  compiled program moves no activations between devices: its only collectives are on the int32 tile ranges
+  (block_ranges' min / max over the step's rows), none on q, k, v or the output."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from seed_jax.infra.mesh import make_mesh
+  q, k, v, seg, w = _inputs(T=64, B=8, seed=7)
+  single = attention.blockwise_causal_attention(q, k, v, seg, block=16)
+  mesh = make_mesh((2, 2, 2))
+  rows = lambda x: jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"))))
+  fn = jax.jit(lambda *a: attention.blockwise_causal_attention(*a, block=16, rows_per_step=1))
+  with jax.set_mesh(mesh):
+    args = tuple(map(rows, (q, k, v, seg)))
+    hlo = fn.lower(*args).compile().as_text()
+    sharded = fn(*args)
+  np.testing.assert_allclose(sharded, single, atol=1e-6)
+  collectives = [line for line in hlo.splitlines()
+                 if re.search(r"= \S+ (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)\(", line)]
+  assert collectives and all(re.search(r"= (s32|\(s32)", line) for line in collectives), collectives
+
+
+def test_remat_keeps_the_attention_output_instead_of_rewalking_the_tiles(capsys, monkeypatch):
+  """A rematerialized layer saves the blockwise attention's output and log-sum-exp (SAVED_UNDER_REMAT; per
+  layer, in head-major tiles [L, n, B, K, G, block, (h)]), so the backward does not repeat the forward's tile
+  walk, and nothing of the kind without the names; the gradient equals the un-rematerialized one."""
+  spec = dataclasses.replace(SPEC, attention="xla_blockwise", attention_block=16)
+  params = tf.init_params(spec, 0)
+  B, T = 2, 40
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 96, (B, T)), jnp.int32)
+  pos, seg = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)), jnp.ones((B, T), jnp.int32)
+  loss = lambda remat: (lambda p: jnp.sum(tf.forward(p, spec, tokens, pos, seg, remat=remat)[0] ** 2))
+  tiles = ("f32[2,3,2,2,3,16,16] ", "f32[2,3,2,2,3,16] ")  # 2 layers, 3 tiles of 16, 2 rows, 2 x 3 heads, h 16
+
+  def saved_tiles():
+    jax.ad_checkpoint.print_saved_residuals(loss(True), params)
+    return sorted(line.split(" ")[0] + " " for line in capsys.readouterr().out.splitlines() if line.startswith(tiles))
+
+  assert saved_tiles() == sorted(tiles)
+  monkeypatch.setattr(attention, "SAVED_UNDER_REMAT", ())
+  assert saved_tiles() == []
+  monkeypatch.undo()
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), jax.grad(loss(True))(params),
+               jax.grad(loss(False))(params))
 
 
 def test_fused_attention_call_equals_the_materialized_softmax():
