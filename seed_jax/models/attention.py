@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 # What a rematerialized layer keeps of the blockwise attention: its output and per-row log-sum-exp, the backward's
-# residuals besides q, k, v (cheap projections to redo). Recomputing them is a second walk over the score tiles,
-# elementwise-bound on CPU; keeping them costs (heads x head_dim + heads) floats per token and layer.
+# residuals besides q, k, v (cheap projections to redo). Recomputing them is a second walk over the score tiles;
+# keeping them costs (heads x head_dim + heads) floats per token and layer.
 SAVED_UNDER_REMAT = ("attention_out", "attention_lse")
 _NEG = -1e30  # running-max start: finite, so an all-masked tile leaves m, l and the output untouched
 
@@ -191,8 +191,8 @@ def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: in
 
   rows_per_step > 0: that many rows of each batch shard at a time (`lax.map` over each shard's rows, so the loop
   never crosses the data sharding). The rows then walk only their own segments' tiles (the ranges are the
-  step's rows', not the batch's), and a tile's scores stay in the core's cache: on XLA:CPU, where the
-  softmax's elementwise passes over the tiles bound the time, that is faster for packed rows (see
+  step's rows', not the batch's), and a tile's scores stay in the core's cache: on XLA:CPU, where the tiles'
+  small batched products and softmax passes bound the time, that is faster for packed rows (see
   ModelSpec.for_packed_rows)."""
   B, T = segment_BT.shape
   block = min(block, max(T, 1))

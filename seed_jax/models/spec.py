@@ -76,10 +76,10 @@ class ModelSpec:
     1.53 s against 2.12 s blocked, forward + backward (remat) 6.7 s against 10.0 s. Accelerators keep "auto"'s
     choice by length (not measured there; "splash" takes segment ids on TPU).
 
-    Rows attend PACKED_ROWS_PER_STEP at a time: each step walks only its rows' tiles and its score tiles stay in
-    cache. Attention of one SmolLM2 layer, forward / forward + backward, AMD EPYC: 8 rows x 896 slots in two
-    segments each 124 / 372 ms against 151-167 / 423-484 ms all at once, 4 x 1920 in four 162 / 539 against
-    201-215 / 567-601; 2 x 896 is one step either way."""
+    Rows attend PACKED_ROWS_PER_STEP per batch shard at a time: each step walks only its rows' tiles and its score
+    tiles stay in cache. One SmolLM2 layer's attention, forward / forward + backward (benchmarks.packed_attention,
+    AMD EPYC): 8 rows x 896 slots in two segments each 99.8 / 335.9 ms against 138.8 / 409.2 ms all at once,
+    4 x 1920 in four 133.5 / 422.3 against 159.9 / 493.9; 2 x 896 is one step either way."""
     import jax
     if self.attention != "auto" or jax.default_backend() != "cpu":
       return self
