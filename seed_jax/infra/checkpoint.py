@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -38,11 +39,15 @@ class CheckpointWriteError(RuntimeError):
 
 class _DropOrbaxErrors(logging.Filter):
   """Orbax logs a failed background write as several ERROR tracebacks, and asyncio its abandoned write tasks
-  at exit; CheckpointWriteError reports the failure once."""
+  at exit (a future whose exception was never retrieved: Orbax's frames are then only in the record's
+  traceback); CheckpointWriteError reports the failure once."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     orbax = f"{os.sep}orbax{os.sep}"
-    return not (record.levelno >= logging.ERROR and (orbax in record.pathname or orbax in record.getMessage()))
+    where = [record.pathname, record.getMessage()]
+    if record.exc_info and record.exc_info[2] is not None:
+      where += [frame.filename for frame in traceback.extract_tb(record.exc_info[2])]
+    return not (record.levelno >= logging.ERROR and any(orbax in w for w in where))
 
 
 for _name in ("absl", "asyncio"):

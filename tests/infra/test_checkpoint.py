@@ -1,6 +1,7 @@
 """Checkpoints: bit-exact round trip, keep-N, latest step, fingerprint check, resharding, crash safety, a failed
 write reported as one line."""
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -209,3 +210,19 @@ def test_failed_async_write_is_one_error_naming_step_folder_and_cause(tmp_path, 
   state, meta = ck.restore(None, checkpoint.abstract_state(_state(1)))
   _assert_bit_equal(state, _state(1))
   ck.close()
+
+
+def test_abandoned_orbax_write_logged_by_asyncio_is_dropped_and_other_errors_are_not():
+  """asyncio's 'exception was never retrieved' for an abandoned Orbax write names Orbax only in its traceback:
+  that record is dropped; an error whose traceback does not pass through Orbax is still logged."""
+  def record(code_file):
+    try:
+      exec(compile("raise ValueError('OUT_OF_RANGE: Error writing')", code_file, "exec"))
+    except ValueError:
+      exc_info = sys.exc_info()
+    return logging.LogRecord("asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1771,
+                             "_GatheringFuture exception was never retrieved", None, exc_info)
+  orbax_file = os.path.join(os.sep, "venv", "orbax", "checkpoint", "_src", "serialization", "serialization.py")
+  asyncio_filters = logging.getLogger("asyncio").filters
+  assert not all(f.filter(record(orbax_file)) for f in asyncio_filters)
+  assert all(f.filter(record(os.path.join(os.sep, "app", "mine.py"))) for f in asyncio_filters)
