@@ -39,15 +39,16 @@ class CheckpointWriteError(RuntimeError):
 
 class _DropOrbaxErrors(logging.Filter):
   """Orbax logs a failed background write as several ERROR tracebacks, and asyncio its abandoned write tasks
-  at exit (a future whose exception was never retrieved: Orbax's frames are then only in the record's
-  traceback); CheckpointWriteError reports the failure once."""
+  at exit (futures whose exception was never retrieved: Orbax shows only in the record's traceback, or, for
+  TensorStore's frameless errors, in the path of Orbax's temporary step folder); CheckpointWriteError reports
+  the failure once."""
+  MARKS = (f"{os.sep}orbax{os.sep}", ".orbax-checkpoint-tmp")
 
   def filter(self, record: logging.LogRecord) -> bool:
-    orbax = f"{os.sep}orbax{os.sep}"
     where = [record.pathname, record.getMessage()]
     if record.exc_info and record.exc_info[2] is not None:
       where += [frame.filename for frame in traceback.extract_tb(record.exc_info[2])]
-    return not (record.levelno >= logging.ERROR and any(orbax in w for w in where))
+    return not (record.levelno >= logging.ERROR and any(m in w for m in self.MARKS for w in where))
 
 
 for _name in ("absl", "asyncio"):
