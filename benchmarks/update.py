@@ -115,7 +115,7 @@ def run_update(a) -> dict[str, Any]:
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   import jax
   import jax.numpy as jnp
-  from seed_jax import pipeline
+  from seed_jax import pipeline, runtime
   from seed_jax import update as update_lib
   from seed_jax.infra.metrics import MetricsWriter
   load_start = common.load_avg()
@@ -127,7 +127,7 @@ def run_update(a) -> dict[str, Any]:
   if cfg.warmstart.before_rl:
     from seed_jax import warmstart
     cfg = warmstart.with_warm_policy(cfg)
-  rt = pipeline.build(cfg)
+  rt = runtime.build(cfg)
   build_s = time.perf_counter() - t0
   peaks = [common.matmul_peak_gflops()]
   try:

@@ -2,27 +2,35 @@
 table (python -m seed_jax.main --config=configs/alfworld.py:paper --config.stage=eval
 --config.eval.checkpoint=runs/alf3b --config.model.path=/ckpt/Qwen2.5-3B-Instruct --workdir=runs/alf3b-eval).
 
-The panels are played as in training's evaluations (pipeline.eval_chunks: plain policy, no skills,
+The panels are played as in training's evaluations (`eval_chunks`: plain policy, no skills,
 eval.temperature, eval.max_tasks; `:paper` has the paper's 0.4 and the whole panel). Every finished chunk of
 episodes is appended to eval_episodes.jsonl, so a killed evaluation rerun with the same command plays only the
-chunks it lacks, with the same random draws. The result is eval_results.json and eval_results.md.
+chunks it lacks, with the same random draws. The result is eval_results.json and eval_results.md. The stage
+builds only the player (runtime.build_player): no rescorer, optimizer or update fn.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-from typing import Any
+import time
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from seed_jax import pipeline
+from seed_jax import records, report, shares
+from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
+from seed_jax.envs.base import Trajectory
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import preflight
+from seed_jax.infra.metrics import MetricsWriter
+from seed_jax.rollout import run_episodes
+from seed_jax.runtime import Player, build_player
+from seed_jax.sample import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +40,63 @@ RESULTS = "eval_results"
 
 class EvalSourceError(ValueError):
   """The checkpoint to evaluate is missing, or the workdir holds episodes of another evaluation."""
+
+
+def eval_chunks(rt: Player, params, key, skip: Callable[[str, int], bool] = lambda split, c: False):
+  """Plays the fixed panels chunk by chunk (tasks.eval_chunk episodes at once) with the plain policy (ordinary
+  prompts, no skills, eval temperature): yields (split, chunk index, trajectories). Chunk c of split i always
+  draws from key folded with (i, c), so a resumed evaluation that `skip`s finished chunks plays the rest exactly
+  as an uninterrupted one. With several processes each plays its share of a chunk; every process gets all of
+  its trajectories (shares.gather_trajectories)."""
+  cfg = rt.cfg
+  sp = SamplingParams(cfg.eval.temperature, 0, 1.0, cfg.rollout.max_new_tokens)
+  for i, (split, tasks) in enumerate(rt.eval_tasks.items()):
+    for c, start, mine in tasks_lib.eval_chunks(len(tasks), tasks_lib.eval_chunk(cfg)):
+      if skip(split, c):
+        continue
+      trajs = run_episodes(rt.pool, rt.family, cfg.env, [tasks[k] for k in mine], mine, [0] * len(mine),
+                           rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
+                           jax.random.fold_in(jax.random.fold_in(key, i), c),
+                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine])
+      yield split, c, shares.gather_trajectories(trajs)
+
+
+def family_success(trajs: Sequence[Trajectory]) -> dict[str, float]:
+  """Success rate per task family ("all" when the benchmark has none); env errors are left out."""
+  out = {}
+  for fam in sorted({t.task.family for t in trajs}):
+    ok = [t.success for t in trajs if t.task.family == fam and t.termination != "env_error"]
+    out[fam or "all"] = float(np.mean(ok)) if ok else 0.0
+  return out
+
+
+def evaluate(rt: Player, params, key) -> dict[str, float]:
+  """eval/<split>/* rollout metrics and eval/<split>/success/<family> over every panel."""
+  by_split: dict[str, list[Trajectory]] = {s: [] for s in rt.eval_tasks}
+  for split, _, trajs in eval_chunks(rt, params, key):
+    by_split[split] += trajs
+  m: dict[str, float] = {}
+  for split, trajs in by_split.items():
+    m.update(report.rollout_metrics(trajs, f"eval/{split}"))
+    m.update({f"eval/{split}/success/{fam}": v for fam, v in family_success(trajs).items()})
+  return m
+
+
+def eval_key(cfg, done: int) -> jax.Array:
+  """The random key of the evaluation after `done` updates (the eval stage reuses it for a checkpoint)."""
+  return jax.random.fold_in(jax.random.key(cfg.seed + 1), done)
+
+
+def evaluate_record(rt: Player, writer: MetricsWriter, params, done: int) -> dict[str, Any]:
+  """Evaluates `params` after `done` updates and writes it as its own record at step `done`."""
+  t0 = time.time()
+  m = evaluate(rt, params, eval_key(rt.cfg, done))
+  m["eval/updates_done"] = done
+  m["time/eval_s"] = time.time() - t0
+  out = writer.write(done, m)
+  splits = " ".join(f"{s} {out.get(f'eval/{s}/success', float('nan')):.3f}" for s in rt.eval_tasks)
+  log.info("eval after %d updates: success %s | %.0fs", done, splits, m["time/eval_s"])
+  return out
 
 
 def checkpoint_dir(path: str) -> str:
@@ -48,9 +113,10 @@ def source(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
 
 
-def load_params(rt: pipeline.Runtime, cfg: ml_collections.ConfigDict) -> tuple[Any, int, str]:
+def load_params(rt: Player, cfg: ml_collections.ConfigDict) -> tuple[Any, int, str]:
   """(params, updates done, description): the model's own weights (0 updates), or those of an Orbax checkpoint
-  of a run of this model (its step is the number of updates it holds)."""
+  of a run of this model (its step is the number of updates it holds). A checkpoint holds the whole train
+  state, so its restore target is built with the run's optimizer."""
   if not cfg.eval.checkpoint:
     return rt.init_params, 0, f"weights of {cfg.model.path}"
   folder = checkpoint_dir(cfg.eval.checkpoint)
@@ -60,7 +126,8 @@ def load_params(rt: pipeline.Runtime, cfg: ml_collections.ConfigDict) -> tuple[A
     raise EvalSourceError(str(e)) from None
   with ckpt:
     step = None if cfg.eval.checkpoint_step < 0 else cfg.eval.checkpoint_step
-    abstract = ckpt_lib.abstract_state(update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer))
+    optimizer = update_lib.make_optimizer(cfg.learner)
+    abstract = ckpt_lib.abstract_state(update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), optimizer))
     try:
       state, _ = ckpt.restore(step, abstract)
     except FileNotFoundError as e:
@@ -69,19 +136,6 @@ def load_params(rt: pipeline.Runtime, cfg: ml_collections.ConfigDict) -> tuple[A
       raise EvalSourceError(f"checkpoint {folder} does not fit {cfg.model.path}: {str(e).splitlines()[0]}") from None
     done = step if step is not None else ckpt.latest_step()
   return state.params, int(done), f"checkpoint {folder} step {done}"
-
-
-def _read_episodes(path: str) -> list[dict[str, Any]]:
-  if not os.path.exists(path):
-    return []
-  rows = []
-  with open(path) as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except ValueError:  # a line cut off by a kill: that chunk is played again
-        break
-  return rows
 
 
 def _episode(t) -> dict[str, Any]:
@@ -135,25 +189,21 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if before != src:
       diff = ", ".join(f"{k}: {before.get(k)!r} -> {v!r}" for k, v in src.items() if before.get(k) != v)
       raise EvalSourceError(f"{workdir} holds episodes of another evaluation ({diff}); use another --workdir")
-  rt = pipeline.build(cfg)
+  rt = build_player(cfg)
   try:
     params, updates_done, evaluated = load_params(rt, cfg)
     with open(meta_path, "w") as f:
       json.dump(src, f, indent=1)
-    chunks = _read_episodes(episodes_path)
-    with open(episodes_path, "w") as f:  # rewritten without a cut-off last line, then appended chunk by chunk
-      f.writelines(json.dumps(c) + "\n" for c in chunks)
+    chunks = records.read_records(episodes_path, repair=True)  # a chunk cut off by a kill is played again
     done = {(c["split"], c["chunk"]) for c in chunks}
     if done:
       log.info("eval: %d chunks already played in %s", len(done), episodes_path)
-    key = pipeline.eval_key(cfg, updates_done)  # the draws of the run's own evaluation of these weights
-    with open(episodes_path, "a") as f:
-      for split, c, trajs in pipeline.eval_chunks(rt, params, key, skip=lambda s, c: (s, c) in done):
-        chunks.append(dict(split=split, chunk=c, episodes=[_episode(t) for t in trajs]))
-        f.write(json.dumps(chunks[-1]) + "\n")
-        f.flush()
-        log.info("eval: %s chunk %d: success %.3f over %d episodes", split, c,
-                 np.mean([e["success"] for e in chunks[-1]["episodes"]]), len(trajs))
+    key = eval_key(cfg, updates_done)  # the draws of the run's own evaluation of these weights
+    for split, c, trajs in eval_chunks(rt, params, key, skip=lambda s, c: (s, c) in done):
+      chunks.append(dict(split=split, chunk=c, episodes=[_episode(t) for t in trajs]))
+      records.append_records(episodes_path, chunks[-1:])
+      log.info("eval: %s chunk %d: success %.3f over %d episodes", split, c,
+               np.mean([e["success"] for e in chunks[-1]["episodes"]]), len(trajs))
   finally:
     rt.close()
   order = {s: i for i, s in enumerate(rt.eval_tasks)}

@@ -2,7 +2,7 @@
 
   python -m seed_jax.experiment --config=configs/textworld_express.py:experiment --arms=seed,grpo --seeds=0,1,2
 
-Every run is `pipeline.train` in its own folder <workdir>/<arm>-s<seed> (resumable from its checkpoints); a
+Every run is `loop.train` in its own folder <workdir>/<arm>-s<seed> (resumable from its checkpoints); a
 finished run leaves `run_done.json`, so a killed experiment continues with the runs not yet finished and never
 repeats one. The evaluations (fixed panel, before training and every `eval.every` updates) are gathered into
 `experiment.jsonl`, `curves.png` and `summary.md`.
@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 import numpy as np
+
+from seed_jax import records
 
 DONE_FILE = "run_done.json"
 
@@ -61,16 +63,10 @@ def run_config(cfg: ml_collections.ConfigDict, arm: str, seed: int, model_path: 
   return c
 
 
-def _records(metrics_path: str):
-  with open(metrics_path, encoding="utf-8") as f:
-    for line in f:
-      yield json.loads(line)
-
-
 def eval_curve(metrics_path: str) -> list[dict[str, Any]]:
   """The run's evaluation records in update order: {updates, success, return} (first eval split)."""
   out = []
-  for r in _records(metrics_path):
+  for r in records.read_records(metrics_path):
     if "eval/updates_done" in r:
       split = next(k.split("/")[1] for k in r if k.startswith("eval/") and k.endswith("/success"))
       out.append(dict(updates=int(r["eval/updates_done"]), success=r[f"eval/{split}/success"],
@@ -83,7 +79,7 @@ def train_curve(metrics_path: str) -> list[dict[str, Any]]:
   get = lambda r, k: float(r.get(k, math.nan))
   return [dict(updates=int(r["step"]) + 1, parse=get(r, "analysis/parse_rate"), gate=get(r, "update/opd_gate_mean"),
                gap=get(r, "update/opd_gap_mean"), success=get(r, "rollout/success"))
-          for r in _records(metrics_path) if "rollout/return" in r]
+          for r in records.read_records(metrics_path) if "rollout/return" in r]
 
 
 def _mean_se(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +182,7 @@ def write_outputs(workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> di
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> dict:
   """Every arm x seed not yet finished, then the outputs. Returns the gathered results."""
-  from seed_jax import pipeline, warmstart
+  from seed_jax import loop, warmstart
   os.makedirs(workdir, exist_ok=True)
   model_path = warmstart.ensure_warm_policy(cfg) if cfg.warmstart.before_rl else cfg.model.path
   for seed in seeds:
@@ -196,7 +192,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, arms: Sequence[str], seeds
         print(f"seed_jax.experiment: {arm} seed {seed} already finished")
         continue
       print(f"seed_jax.experiment: {arm} seed {seed} -> {rundir}")
-      out = pipeline.train(run_config(cfg, arm, seed, model_path), rundir)
+      out = loop.train(run_config(cfg, arm, seed, model_path), rundir)
       if out["stopped"]:  # not finished: the next call resumes this run
         from seed_jax.infra.stop import exit_after_stop
         exit_after_stop(out, rundir)

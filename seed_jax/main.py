@@ -83,7 +83,7 @@ def main(argv):
   if cfg.stage in ("collect", "annotate", "sft", "warmstart"):
     run_stage1(cfg)
     return
-  from seed_jax import pipeline
+  from seed_jax import loop
   from seed_jax.infra import distributed, preflight
   from seed_jax.infra.checkpoint import CheckpointWriteError
   suffix = "-eval" if cfg.stage == "eval" else ""
@@ -93,7 +93,7 @@ def main(argv):
     run_eval(cfg, workdir)
     return
   try:
-    out = pipeline.train(cfg, workdir)
+    out = loop.train(cfg, workdir)
   except preflight.WorkdirError as e:
     sys.exit(f"workdir error: {e}")
   except CheckpointWriteError as e:  # the run stopped before work it could not save; the same command resumes
@@ -103,12 +103,10 @@ def main(argv):
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop
     exit_after_stop(out, workdir)
-  m = out["metrics"]
-  print(f"seed_jax: done. metrics {os.path.join(workdir, cfg.log.jsonl_name)}, TensorBoard {os.path.join(workdir, cfg.log.tb_subdir)}, "
-        f"checkpoints {os.path.join(workdir, 'checkpoints')}, skills/trajectories {os.path.join(workdir, cfg.log.dump_subdir)}")
-  for k in sorted(m):
-    if k.startswith(("eval/", "rollout/return", "rollout/success", "analysis/", "update/opd")):
-      print(f"  {k} = {m[k]}")
+  from seed_jax.report import CURVES_FILE
+  print(f"seed_jax: done. metrics {os.path.join(workdir, cfg.log.jsonl_name)}, curves {os.path.join(workdir, CURVES_FILE)}, "
+        f"TensorBoard {os.path.join(workdir, cfg.log.tb_subdir)}, checkpoints {os.path.join(workdir, 'checkpoints')}, "
+        f"skills/trajectories {os.path.join(workdir, cfg.log.dump_subdir)}")
 
 
 def run_eval(cfg, workdir: str) -> None:

@@ -1,12 +1,9 @@
-"""One SEED update (rollout -> self-analysis -> dual-context re-score -> advantages -> PPO epochs), the
-evaluation loop, and the resumable training loop around them."""
+"""One SEED update as the method's steps: rollout -> self-analysis -> collect -> dual-context re-score ->
+advantages -> PPO epochs -> report. The loop around it is loop.py; what it runs on is runtime.Runtime."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import os
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -15,167 +12,19 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, images, losses, packing, shares, skills
-from seed_jax import plan as plan_lib
+from seed_jax import advantages, analyzers, losses, packing, report, shares, skills
+from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
-from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
-from seed_jax.envs import get_family
-from seed_jax.envs.base import Task, Trajectory
-from seed_jax.envs.pool import EnvPool
-from seed_jax.infra import checkpoint as ckpt_lib
+from seed_jax.buckets import TokenCount, bucket, pow2_sizes
+from seed_jax.envs.base import Trajectory
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
-from seed_jax.infra import preflight
-from seed_jax.infra import stop as stop_lib
 from seed_jax.infra.metrics import MetricsWriter
-from seed_jax.models import tokenizer as tokenizer_lib
-from seed_jax.models import weights
-from seed_jax.rescore import Rescorer, RescorerConfig
 from seed_jax.rollout import run_episodes
-from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+from seed_jax.runtime import Runtime
+from seed_jax.sample import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Runtime:
-  """Everything built once per run from the config."""
-  cfg: ml_collections.ConfigDict
-  mesh: Any
-  spec: Any
-  tokenizer: tokenizer_lib.Tokenizer
-  family: Any
-  pool: EnvPool
-  sampler: Sampler
-  rescorer: Rescorer
-  update_fn: Any
-  optimizer: Any
-  loss_cfg: losses.SeedLossConfig
-  teacher: update_lib.TeacherPlan
-  init_params: Any  # also the frozen KL reference
-  train_tasks: list[Task]
-  eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
-  stop_sequences: list[list[int]]
-  update_compiles: CompileCounter = dataclasses.field(default_factory=CompileCounter)
-  codec: images.ImageCodec | None = None  # a vision-language policy's image side (None: text-only)
-
-  def close(self):
-    self.pool.close()
-
-
-def effective_loss_config(cfg: ml_collections.ConfigDict) -> losses.SeedLossConfig:
-  """The loss settings; with the analyzer off there is no skill signal: plain GRPO on the same code path."""
-  loss_cfg = losses.SeedLossConfig.from_config(cfg.objectives)
-  if not cfg.analyzer.enabled and loss_cfg.uses_skill:
-    loss_cfg = dataclasses.replace(loss_cfg, opd_variant="none")
-  return loss_cfg
-
-
-def build(cfg: ml_collections.ConfigDict) -> Runtime:
-  multi = distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
-  image_obs = cfg.env.get("observation", "text") == "image"
-  if multi and image_obs:
-    raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has "
-                                 f"{jax.process_count()}")
-  if image_obs and not weights.is_vision_language(cfg.model.path):
-    raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
-                     f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "
-                     f"point config.model.path at a Qwen2.5-VL folder (or 'embedded-vl')")
-  if image_obs and cfg.learner.teacher != "old":
-    raise ValueError("config.env.observation='image' serves config.learner.teacher='old' only")
-  mesh = mesh_lib.mesh_from_config(cfg.mesh)  # [scale] presets, multi-slice, TPU device order
-  if multi:  # each process supplies the rows of its own environments
-    distributed.check_row_split(mesh)
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    if cfg.learner.micro_batch_size % dp:
-      raise distributed.SetupError(
-          f"config.learner.micro_batch_size={cfg.learner.micro_batch_size} does not divide over data x fsdp = "
-          f"{dp} devices of {jax.process_count()} processes: make it a multiple of {dp}")
-  spec, params = weights.load_model(cfg.model.path, mesh)
-  spec = spec.with_attention(cfg.model)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-  codec = None
-  if spec.vision is not None:  # the checkpoint's processor bounds and vision tokens
-    codec = images.ImageCodec.from_folder(weights.resolve_path(cfg.model.path))
-    tok = images.VLTokenizer(tok, codec)
-  family = get_family(cfg.env.name)
-  max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
-  max_batch, max_rows = auto_rows(cfg, spec, mesh)
-  sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=max_prompt, max_batch=max_batch,
-                                                     dtype=cfg.sampler.dtype,
-                                                     prefill_chunk=cfg.sampler.prefill_chunk), mesh, codec)
-  rescorer = Rescorer(spec, tok.pad_id, RescorerConfig(
-      max_rows=max_rows, max_prompt_len=cfg.model.max_prompt_tokens,
-      max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
-      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh, codec)
-  loss_cfg = effective_loss_config(cfg)
-  optimizer = update_lib.make_optimizer(cfg.learner)
-  update_fn = update_lib.make_update_fn(
-      spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
-      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher,
-      state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
-  procs = jax.process_count()  # [scale] each process's pool holds its share of the groups and eval episodes
-  n_envs = max(-(-cfg.rollout.tasks_per_update // procs) * cfg.rollout.group_size, -(-eval_chunk(cfg) // procs))
-  pool = EnvPool(family, cfg.env, n_envs)
-  return Runtime(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, pool=pool, sampler=sampler,
-                 rescorer=rescorer, update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg,
-                 teacher=update_lib.teacher_plan(loss_cfg, cfg.learner.teacher), init_params=params,
-                 train_tasks=family.tasks(cfg.env, cfg.env.train_split),
-                 eval_tasks={s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks)
-                             for s in cfg.eval.split.split(",") if s},
-                 stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings], codec=codec)
-
-
-def eval_chunk(cfg: ml_collections.ConfigDict) -> int:
-  """Panel episodes played at once (over all processes): one update's episodes or eval.batch_envs."""
-  return max(cfg.rollout.tasks_per_update * cfg.rollout.group_size, cfg.eval.batch_envs)
-
-
-def auto_rows(cfg: ml_collections.ConfigDict, spec, mesh) -> tuple[int, int]:
-  """(sampler.max_batch, rescore.max_rows), each 0 ("auto") replaced by the largest power of two the planner
-  fits in this device's memory (plan.fitting_rows)."""
-  out = []
-  for field in ("sampler.max_batch", "rescore.max_rows"):
-    a, b = field.split(".")
-    rows = cfg[a][b]
-    if not rows:
-      rows = plan_lib.fitting_rows(cfg, spec, dict(mesh.shape), plan_lib.device_memory_bytes(), field)
-      log.info("%s = auto: %d rows fit", field, rows)
-    out.append(rows)
-  return out[0], out[1]
-
-
-def spread(tasks: Sequence[Task], n: int) -> list[Task]:
-  """`n` tasks evenly spaced over a panel (panels are ordered by family), or all of them for n = 0."""
-  if not n or n >= len(tasks):
-    return list(tasks)
-  return [tasks[i] for i in np.linspace(0, len(tasks) - 1, n).round().astype(int)]
-
-
-def tasks_for_update(tasks: Sequence[Task], u: int, per_update: int, seed: int) -> list[Task]:
-  """Deterministic task stream: epoch e visits the training tasks in permutation(seed, e)."""
-  out = []
-  for k in range(u * per_update, (u + 1) * per_update):
-    epoch, pos = divmod(k, len(tasks))
-    out.append(tasks[np.random.default_rng([seed, epoch]).permutation(len(tasks))[pos]])
-  return out
-
-
-def rollout_metrics(trajs: Sequence[Trajectory], prefix: str) -> dict[str, float]:
-  good = [t for t in trajs if t.termination != "env_error"]
-  steps = [s for t in good for s in t.steps]
-  m = {f"{prefix}/episodes": len(trajs), f"{prefix}/env_errors": len(trajs) - len(good)}
-  if good:
-    m.update({f"{prefix}/return": float(np.mean([t.episode_return for t in good])),
-              f"{prefix}/success": float(np.mean([t.success for t in good])),
-              f"{prefix}/score": float(np.mean([t.score for t in good])),
-              f"{prefix}/episode_length": float(np.mean([t.length for t in good])),
-              f"{prefix}/invalid_action_rate": float(np.mean([not s.action_valid for s in steps])) if steps else 0.0,
-              f"{prefix}/truncated_prompts": float(sum(t.truncated_prompts for t in good)),
-              f"{prefix}/response_tokens": float(np.mean([len(s.response_tokens) for s in steps])) if steps else 0.0})
-    for term in ("done", "max_steps", "context_overflow"):
-      m[f"{prefix}/term_{term}"] = float(np.mean([t.termination == term for t in good]))
-  return m
 
 
 def analysis_active(cfg, u: int) -> bool:
@@ -199,7 +48,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   tokens["rollout"] = rt.sampler.tokens - before
   good = [t for t in trajs if t.termination != "env_error"]  # this process's
   everyone = shares.gather_trajectories(trajs)  # [scale] metrics and dumps are over every process's episodes
-  metrics = rollout_metrics(everyone, "rollout")
+  metrics = report.rollout_metrics(everyone, "rollout")
   metrics.update({f"time/rollout_{k}": v for k, v in clock.items()})
   if not any(t.steps for t in everyone if t.termination != "env_error"):
     log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
@@ -236,8 +85,8 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, shares.step_keys(good), adv_N, old_logp,
                                                ref_logp, skill_logp, key)
   metrics.update(upd)
-  metrics.update(_report(rt, everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
-  writer.dump_jsonl("trajectories", u, [_traj_record(t) for t in everyone[:cfg.train.dump_trajectories]])
+  metrics.update(report.update_report(rt, everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
+  writer.dump_jsonl("trajectories", u, [report.traj_record(t) for t in everyone[:cfg.train.dump_trajectories]])
   return state, metrics
 
 
@@ -254,8 +103,8 @@ def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = 
   tasks (shares.my_tasks), each episode drawing as the b * G + g-th of the update."""
   cfg = rt.cfg
   G = cfg.rollout.group_size
-  tasks = tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
-  mine = [(b, g) for b in shares.my_tasks(len(tasks)) for g in range(G)]
+  tasks = tasks_lib.tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
+  mine = tasks_lib.my_update_episodes(len(tasks), G)
   sp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
   return run_episodes(rt.pool, rt.family, cfg.env, [tasks[b] for b, _ in mine], [u * len(tasks) + b for b, _ in mine],
                       [g for _, g in mine], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
@@ -313,24 +162,6 @@ def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> li
   return [dict(task=t.task.task_id, group=t.group_id, traj=t.traj_id, success=t.success, ok=p.ok, skill=p.skill,
                summary=p.summary, error=p.error, reply=r, salvaged=p.salvaged)
           for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
-
-
-def _report(rt: Runtime, trajs: Sequence[Trajectory], samples: batch_lib.Samples, times: dict[str, float],
-            tokens: dict[str, TokenCount]) -> dict[str, float]:
-  """`trajs` and `tokens` are every process's, `samples` this process's, `times` its own. The update's remaining
-  metrics: OPD coverage, phase timings, sampling throughput, compiles, env restarts,
-  and per phase the token positions computed against the real ones (tokens/<phase>_forwarded, _real; 0 for a
-  phase that did not run)."""
-  opd_N = shares.gather_concat(samples.opd_mask_N)
-  m = {"opd/analyzed_row_frac": float(opd_N.mean()) if opd_N.size else 0.0}
-  m.update(times)
-  gen_tokens = sum(len(s.response_tokens) for t in trajs for s in t.steps)
-  m["rollout/tokens_per_s"] = gen_tokens / max(times.get("time/rollout_s", 0.0), 1e-9)
-  m["compiles/sampler"], m["compiles/rescore"] = rt.sampler.compiles.count, rt.rescorer.compiles.count
-  m["compiles/update"] = rt.update_compiles.count
-  for phase in ("rollout", "analysis", "rescore", "update"):
-    m.update(tokens.get(phase, TokenCount()).metrics(f"tokens/{phase}"))
-  return m
 
 
 def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, skill_logp, key):
@@ -392,167 +223,3 @@ def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, sk
   out["update/optimizer_steps"] = n_steps
   out["update/skipped_total"] = int(state.skipped)
   return state, out, tokens
-
-
-def _traj_record(t: Trajectory) -> dict:
-  return dict(task=t.task.to_json(), group=t.group_id, traj=t.traj_id, ret=t.episode_return, success=t.success,
-              termination=t.termination, steps=[dict(observation=s.observation, response=s.response_text,
-                                                     action=s.action, valid=s.action_valid, reward=s.reward)
-                                                for s in t.steps])
-
-
-def eval_chunks(rt: Runtime, params, key, skip: Callable[[str, int], bool] = lambda split, c: False):
-  """Plays the fixed panels chunk by chunk (eval_chunk episodes at once) with the plain policy (ordinary
-  prompts, no skills, eval temperature): yields (split, chunk index, trajectories). Chunk c of split i always
-  draws from key folded with (i, c), so a resumed evaluation that `skip`s finished chunks plays the rest exactly
-  as an uninterrupted one. With several processes each plays its share of a chunk; every process gets all of
-  its trajectories (shares.gather_trajectories)."""
-  cfg = rt.cfg
-  sp = SamplingParams(cfg.eval.temperature, 0, 1.0, cfg.rollout.max_new_tokens)
-  n = eval_chunk(cfg)
-  for i, (split, tasks) in enumerate(rt.eval_tasks.items()):
-    for c, start in enumerate(range(0, len(tasks), n)):
-      if skip(split, c):
-        continue
-      mine = [start + j for j in shares.my_tasks(min(n, len(tasks) - start))]
-      trajs = run_episodes(rt.pool, rt.family, cfg.env, [tasks[k] for k in mine], mine, [0] * len(mine),
-                           rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
-                           jax.random.fold_in(jax.random.fold_in(key, i), c),
-                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine])
-      yield split, c, shares.gather_trajectories(trajs)
-
-
-def family_success(trajs: Sequence[Trajectory]) -> dict[str, float]:
-  """Success rate per task family ("all" when the benchmark has none); env errors are left out."""
-  out = {}
-  for fam in sorted({t.task.family for t in trajs}):
-    ok = [t.success for t in trajs if t.task.family == fam and t.termination != "env_error"]
-    out[fam or "all"] = float(np.mean(ok)) if ok else 0.0
-  return out
-
-
-def evaluate(rt: Runtime, params, key) -> dict[str, float]:
-  """eval/<split>/* rollout metrics and eval/<split>/success/<family> over every panel."""
-  by_split: dict[str, list[Trajectory]] = {s: [] for s in rt.eval_tasks}
-  for split, _, trajs in eval_chunks(rt, params, key):
-    by_split[split] += trajs
-  m: dict[str, float] = {}
-  for split, trajs in by_split.items():
-    m.update(rollout_metrics(trajs, f"eval/{split}"))
-    m.update({f"eval/{split}/success/{fam}": v for fam, v in family_success(trajs).items()})
-  return m
-
-
-def fingerprint(cfg) -> dict[str, Any]:
-  return ckpt_lib.config_fingerprint(cfg, ["model.path", "env.name", "seed", "rollout.tasks_per_update",
-                                           "rollout.group_size", "learner.minibatch_size", "learner.micro_batch_size"])
-
-
-def summary_line(u: int, total: int, m: dict[str, Any]) -> str:
-  """One log line per update: the outcome, the distillation signal and where the time went."""
-  get = lambda k: m.get(k) if isinstance(m.get(k), (int, float)) else float("nan")
-  times = " ".join(f"{k[5:-2]} {get(k):.0f}s" for k in ("time/rollout_s", "time/analysis_s", "time/rescore_s",
-                                                          "time/update_s") if k in m)
-  return (f"update {u + 1}/{total}: return {get('rollout/return'):.3f} success {get('rollout/success'):.3f} "
-          f"invalid {get('rollout/invalid_action_rate'):.2f} |A| {get('advantages/abs_mean'):.3f} "
-          f"skill-parse {get('analysis/parse_rate'):.2f} opd-tokens {get('update/opd_tokens'):.0f} "
-          f"loss {get('update/loss'):.4f} | {times}")
-
-
-def eval_key(cfg, done: int) -> jax.Array:
-  """The random key of the evaluation after `done` updates (the eval stage reuses it for a checkpoint)."""
-  return jax.random.fold_in(jax.random.key(cfg.seed + 1), done)
-
-
-def _evaluate_record(rt: Runtime, writer: MetricsWriter, params, done: int) -> dict[str, Any]:
-  """Evaluates `params` after `done` updates and writes it as its own record at step `done`."""
-  t0 = time.time()
-  m = evaluate(rt, params, eval_key(rt.cfg, done))
-  m["eval/updates_done"] = done
-  m["time/eval_s"] = time.time() - t0
-  out = writer.write(done, m)
-  splits = " ".join(f"{s} {out.get(f'eval/{s}/success', float('nan')):.3f}" for s in rt.eval_tasks)
-  log.info("eval after %d updates: success %s | %.0fs", done, splits, m["time/eval_s"])
-  return out
-
-
-def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """The resumable RL loop; returns the last update's metrics (and the final eval's), the state, and `stopped`
-  (the signal's name when SIGTERM/SIGINT ended it early, after saving the last completed update). Evaluations
-  are records of their own at step = updates done (0 = the starting weights, with eval.at_start)."""
-  preflight.check_workdir(workdir)
-  if cfg.warmstart.before_rl:
-    from seed_jax import warmstart
-    if distributed.initialize(cfg.distributed) and not warmstart.is_cached(cfg):
-      raise distributed.SetupError(
-          f"warmstart.before_rl trains Stage 1 on one process and its cache {warmstart.cache_dir(cfg)} is empty: "
-          "run this config once on one process to fill it (on a folder every host reads), or set "
-          "model.path to a warm-started export and warmstart.before_rl=False")
-    cfg = warmstart.with_warm_policy(cfg)
-  preflight.check_disk(workdir, cfg)
-  rt = build(cfg)
-  is_writer = distributed.is_writer()  # [scale]
-  writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
-  total = cfg.train.num_updates
-  try:
-    with stop_lib.StopSignals(multi_process=jax.process_count() > 1) as stop:
-      state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), rt.optimizer)
-      if cfg.mesh.ref_params_memory == "pinned_host":  # [scale] the frozen KL reference waits in host RAM
-        rt.init_params = mesh_lib.with_memory_kind(rt.init_params, "pinned_host")
-      start, history, restarts_before = 0, [], 0
-      if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
-        start, history = int(meta["next_update"]), list(meta.get("history", []))
-        restarts_before = int(meta.get("env_restarts", 0))
-        log.info("resumed from %s after %d updates (next: update %d/%d)", workdir, start, start + 1, total)
-      if writer.rewind(start):
-        log.info("metrics: dropped the records after the last checkpoint (they are redone)")
-      last: dict[str, Any] = {}
-      if cfg.eval.at_start and start == 0:
-        _evaluate_record(rt, writer, state.params, 0)
-      saved, restarts_seen, restarts = start, 0, 0  # restarts: every process's pool's, this run
-      meta = lambda done: dict(next_update=done, task_position=done * cfg.rollout.tasks_per_update, history=history,
-                               env_restarts=restarts_before + restarts)
-      for u in range(start, total):
-        t0 = time.time()
-        if stop.at_sync_point(u):  # every process of a preempted pod stops before the same update
-          return _stop(ckpt, state, u, saved, meta, stop.requested, last)
-        try:
-          state, metrics = rl_update(rt, state, u, writer, lambda: (stop.check(), ckpt.poll()))
-        except stop_lib.StopRequested as e:  # state is still that of update u - 1, the last one completed
-          return _stop(ckpt, state, u, saved, meta, e.signame, last)
-        metrics["time/update_total_s"] = time.time() - t0
-        restarts = sum(distributed.allgather_objects(rt.pool.restarts))
-        metrics["env/restarts"] = restarts - restarts_seen
-        metrics["env/restarts_total"] = restarts_before + restarts
-        restarts_seen = restarts
-        last = writer.write(u, metrics)
-        log.info("%s", summary_line(u, total, last))
-        if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < total:
-          _evaluate_record(rt, writer, state.params, u + 1)
-        history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
-        if ckpt.save(u + 1, state, metadata=meta(u + 1), force=u + 1 == total):
-          saved = u + 1
-        # The final evaluation too is left for the resumed run. Several processes agree at the next sync point.
-        if stop.requested and not stop.multi_process:
-          return _stop(ckpt, state, u + 1, saved, meta, stop.requested, last)
-      if cfg.eval.at_end and (total > start or not writer.has_record(total, "eval/updates_done")):
-        last.update(_evaluate_record(rt, writer, state.params, total))
-      ckpt.wait()
-      return {"metrics": last, "state": state, "stopped": None}
-  finally:
-    ckpt.close()
-    writer.close()
-    rt.close()
-
-
-def _stop(ckpt, state, done: int, saved: int, meta, signame: str, last) -> dict[str, Any]:
-  """Ends the loop after `done` completed updates: their checkpoint is written (if the save interval skipped
-  it) and committed before returning."""
-  if done > saved:
-    ckpt.save(done, state, metadata=meta(done), force=True)
-  ckpt.wait()
-  log.info("stopped by %s after %d updates; %s", signame, done,
-           f"checkpoint {done} saved" if done else "no update finished, nothing saved")
-  return {"metrics": last, "state": state, "stopped": signame, "updates_done": done}

@@ -26,7 +26,7 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seed_jax import packing, stage1
+from seed_jax import packing, records, stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.config import check_choice
@@ -187,7 +187,7 @@ class Dataset:
 def load_dataset(path: str, tok: tokenizer_lib.Tokenizer, cfg: ml_collections.ConfigDict, seed: int) -> Dataset:
   if not os.path.exists(path):
     raise FileNotFoundError(f"no SFT records at {path!r}: run the annotate stage first (or set sft.data)")
-  examples = [encode_record(tok, r) for r in stage1.read_records(path)]
+  examples = [encode_record(tok, r) for r in records.read_records(path)]
   kept = [e for e in examples if len(e) <= cfg.max_len]
   if not kept:
     raise ValueError(f"{path}: no SFT record fits sft.max_len={cfg.max_len} ({len(examples)} records)")

@@ -9,11 +9,10 @@ skipped, so a restart neither repeats nor loses records.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable
 
 import jax
 import ml_collections
@@ -26,9 +25,10 @@ from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import weights
-from seed_jax.pipeline import tasks_for_update
+from seed_jax.records import append_records, read_records, unique, write_records
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
+from seed_jax.tasks import tasks_for_update
 
 log = logging.getLogger(__name__)
 
@@ -36,58 +36,6 @@ TRAJECTORIES_FILE = "trajectories.jsonl"  # collect -> annotate
 ANNOTATIONS_FILE = "annotations.jsonl"  # every analysed trajectory: reply, parse result (annotate's resume log)
 RECORDS_FILE = "sft_records.jsonl"  # the kept records: annotate -> sft
 ANALYZERS = ("oracle", "local", "external")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Resumable JSONL
-
-
-def append_records(path: str, records: Sequence[dict]) -> None:
-  """Appends `records` as JSON lines with one O_APPEND write (looped only if the OS writes part), then fsync."""
-  data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode()
-  if not data:
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  try:
-    view = memoryview(data)
-    while view:
-      view = view[os.write(fd, view):]
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def read_records(path: str, repair: bool = False) -> list[dict]:
-  """The complete lines of a JSONL file ([] if it does not exist). A last line without its newline is a torn
-  write: it is ignored, and with `repair` cut off the file so later appends start on a clean line. A broken
-  line in the middle is an error naming the line."""
-  if not os.path.exists(path):
-    return []
-  with open(path, "rb") as f:
-    data = f.read()
-  end = data.rfind(b"\n") + 1
-  if end < len(data):
-    log.warning("%s: ignoring a torn last line of %d bytes", path, len(data) - end)
-    if repair:
-      with open(path, "r+b") as f:
-        f.truncate(end)
-        os.fsync(f.fileno())
-  out = []
-  for n, line in enumerate(data[:end].splitlines(), 1):
-    if line.strip():
-      try:
-        out.append(json.loads(line))
-      except ValueError as e:
-        raise ValueError(f"{path}: line {n} is not valid JSON ({e}); the file is corrupt") from None
-  return out
-
-
-def _unique(records: Iterable[dict], key: Callable[[dict], Any]) -> dict[Any, dict]:
-  out: dict[Any, dict] = {}
-  for r in records:
-    out.setdefault(key(r), r)  # the first copy wins
-  return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -116,7 +64,7 @@ def load_trajectories(path: str) -> list[tuple[int, Trajectory]]:
   """(task index, trajectory) of every collected group, in task order."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"no trajectory file {path!r}: run the collect stage first (or set annotate.input)")
-  groups = _unique(read_records(path), lambda r: r["task_index"])
+  groups = unique(read_records(path), lambda r: r["task_index"])
   return [(i, traj_from_json(t)) for i in sorted(groups) for t in groups[i]["trajectories"]]
 
 
@@ -136,7 +84,7 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   cc = cfg.collect
   path = cc.output or os.path.join(workdir, TRAJECTORIES_FILE)
   tasks = collection_tasks(cfg)
-  done = _unique(read_records(path, repair=True), lambda r: r["task_index"])
+  done = unique(read_records(path, repair=True), lambda r: r["task_index"])
   pending = [i for i in range(len(tasks)) if i not in done]
   log.info("collect: %d of %d task groups already in %s; %d to go", len(done), len(tasks), path, len(pending))
   stats = {"collect/groups_done_before": float(len(done)), "collect/groups_written": 0.0}
@@ -236,7 +184,7 @@ def annotate(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[st
   out_path = ac.output or os.path.join(workdir, RECORDS_FILE)
   collected = load_trajectories(in_path)
   usable = [(i, t) for i, t in collected if t.steps and t.termination != "env_error"]
-  done = _unique(read_records(log_path, repair=True), lambda r: (r["task_index"], r["traj_id"]))
+  done = unique(read_records(log_path, repair=True), lambda r: (r["task_index"], r["traj_id"]))
   pending = [(i, t) for i, t in usable if (i, t.traj_id) not in done]
   log.info("annotate (%s): %d trajectories, %d usable, %d already analysed", ac.analyzer, len(collected),
            len(usable), len(usable) - len(pending))
@@ -266,15 +214,11 @@ def annotate(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[st
 def _write_records(log_lines: list[dict], usable: list[tuple[int, Trajectory]], out_path: str,
                    backend_stats: dict[str, int]) -> dict[str, float]:
   """Writes the kept records (in trajectory order) to `out_path` at once (temporary file + rename)."""
-  by_key = _unique(log_lines, lambda r: (r["task_index"], r["traj_id"]))
+  by_key = unique(log_lines, lambda r: (r["task_index"], r["traj_id"]))
   rows = [by_key[(i, t.traj_id)] for i, t in usable if (i, t.traj_id) in by_key]
   kept = [r for r in rows if r["ok"]]
-  tmp = out_path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for r in kept:
-      f.write(json.dumps({k: r[k] for k in ("prompt", "response", "task_index", "traj_id", "task_id", "success",
-                                            "analyzer")}, ensure_ascii=False) + "\n")
-  os.replace(tmp, out_path)
+  write_records(out_path, [{k: r[k] for k in ("prompt", "response", "task_index", "traj_id", "task_id", "success",
+                                               "analyzer")} for r in kept])
   rate = lambda rs: sum(r["ok"] for r in rs) / len(rs) if rs else 0.0
   stats = {"annotate/analysed": float(len(rows)), "annotate/kept": float(len(kept)), "annotate/keep_rate": rate(rows),
            "annotate/success_share": float(np.mean([r["success"] for r in rows])) if rows else 0.0}

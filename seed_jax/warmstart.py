@@ -28,12 +28,14 @@ from typing import Any, Sequence
 import ml_collections
 import tqdm
 
+from seed_jax import records as records_lib
 from seed_jax import sft_oracle, skills, templates
 from seed_jax.envs import get_family
 from seed_jax.envs.base import EnvError, Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.rollout import fit_prompt
+from seed_jax.tasks import spread
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +170,6 @@ def build_records(trajs: Sequence[Trajectory], golds: Sequence[Sequence[str]], c
 
 def demo_tasks(cfg: ml_collections.ConfigDict) -> list[Task]:
   """`warmstart.num_tasks` training tasks spread evenly over the train panel (so every task family shows)."""
-  from seed_jax.pipeline import spread
   panel = get_family(cfg.env.name).tasks(cfg.env, cfg.env.train_split)
   return spread(panel, cfg.warmstart.num_tasks)
 
@@ -179,8 +180,7 @@ def write_records(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, flo
   check_gold_paths(cfg)
   path = os.path.join(workdir, RECORDS_FILE)
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      records = [json.loads(line) for line in f if line.strip()]
+    records = records_lib.read_records(path)
     log.info("warm start: %d records already in %s", len(records), path)
     return _stats(records)
   family = get_family(cfg.env.name)
@@ -193,12 +193,7 @@ def write_records(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, flo
   if not trajs:
     raise ValueError(f"environment {cfg.env.name!r} gave no gold path for any of {len(tasks)} demo tasks")
   records = build_records(trajs, golds, cfg, tok)
-  tmp = path + ".tmp"
-  os.makedirs(workdir, exist_ok=True)
-  with open(tmp, "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r, ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
+  records_lib.write_records(path, records)
   stats = _stats(records)
   stats["warmstart/demo_tasks"] = float(len(trajs))
   stats["warmstart/demo_success"] = sum(t.success for t in trajs) / len(trajs)

@@ -97,7 +97,7 @@ def main():
       multihost_utils.process_allgather(np.ones(2))
       time.sleep(1)
     return
-  if A.role == "preempt":  # steps of a loop as pipeline.train runs them, until a SIGTERM reaches any process
+  if A.role == "preempt":  # steps of a loop as loop.train runs them, until a SIGTERM reaches any process
     from seed_jax.infra.stop import StopSignals
     with StopSignals(multi_process=True) as stop:
       for step in range(600):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configs import textworld_express as twx_config
-from seed_jax import evaluate, pipeline
+from seed_jax import evaluate, loop
 from seed_jax.config import validate
 
 pytestmark = pytest.mark.slow  # real simulators and the pipeline
@@ -40,7 +40,7 @@ def _config(model_dir, eval_stage=False, **kw):
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
-  out = pipeline.train(_config(tiny_model_dir), workdir)
+  out = loop.train(_config(tiny_model_dir), workdir)
   return workdir, out["metrics"]
 
 

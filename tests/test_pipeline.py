@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import textworld_express as twx_config
-from seed_jax import pipeline
+from seed_jax import loop, pipeline, report, runtime
 from seed_jax.config import validate
 
 pytestmark = pytest.mark.slow  # real simulators, the full pipeline and a seed_jax.main subprocess
@@ -82,7 +82,7 @@ def _read_jsonl(path):
 @pytest.fixture(scope="module")
 def full_run(tiny_model_dir, analyst_url, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("full"))
-  out = pipeline.train(_config(tiny_model_dir, analyst_url), workdir)
+  out = loop.train(_config(tiny_model_dir, analyst_url), workdir)
   return workdir, out
 
 
@@ -111,7 +111,7 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
     assert r["tokens/rollout_response_real"] == pytest.approx(r["rollout/response_tokens"] * n_rows)
     assert r["tokens/analysis_forwarded"] == 0 and r["tokens/update_rows_real"] == n_rows
     assert all(0 < r[f"tokens/{p}_real"] <= r[f"tokens/{p}_forwarded"] for p in ("rollout", "rescore", "update"))
-  line = pipeline.summary_line(1, 2, rows[1])
+  line = report.summary_line(1, 2, rows[1])
   assert line.startswith(f"update 2/2: return {rows[1]['rollout/return']:.3f} success {rows[1]['rollout/success']:.3f} ")
   assert f"skill-parse {rows[1]['analysis/parse_rate']:.2f} opd-tokens {rows[1]['update/opd_tokens']:.0f} " in line
   assert f"|A| {rows[1]['advantages/abs_mean']:.3f} " in line
@@ -121,8 +121,8 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
 def test_resume_after_interruption_equals_uninterrupted_run(full_run, tiny_model_dir, analyst_url, tmp_path):
   workdir, out = full_run
   part = str(tmp_path / "part")
-  pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=1), part)  # stops after update 0
-  resumed = pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=2), part)  # resumes at update 1
+  loop.train(_config(tiny_model_dir, analyst_url, num_updates=1), part)  # stops after update 0
+  resumed = loop.train(_config(tiny_model_dir, analyst_url, num_updates=2), part)  # resumes at update 1
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                out["state"].params, resumed["state"].params)
   full_rows, part_rows = (_read_jsonl(os.path.join(d, "metrics.jsonl")) for d in (workdir, part))
@@ -155,7 +155,7 @@ def test_kill_between_metrics_and_checkpoint_redoes_the_update_once(full_run, ti
   for d in dumps:
     with open(os.path.join(workdir, d), "a") as f:
       f.write('{"stale": true}\n')  # left by the killed run: the redone update must replace it
-  resumed = pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
+  resumed = loop.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                full_run[1]["state"].params, resumed["state"].params)
   rows, full_rows = (_read_jsonl(os.path.join(d, "metrics.jsonl")) for d in (workdir, full_run[0]))
@@ -193,7 +193,7 @@ def test_sigterm_saves_the_last_update_and_resume_matches(full_run, tiny_model_d
   done = int(re.search(r"after (\d+) updates", stopped[0]).group(1))
   assert done in (1, 2)
   assert [r["step"] for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == list(range(done))
-  resumed = pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
+  resumed = loop.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                full_run[1]["state"].params, resumed["state"].params)
   assert [r["step"] for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == [0, 1]
@@ -215,8 +215,8 @@ def test_killed_jvm_is_one_log_line_and_restarts_carry_across_resume(tiny_model_
   monkeypatch.setattr(pipeline, "_rollout", rollout_after_a_kill)
   workdir = str(tmp_path / "run")
   with caplog.at_level("INFO"):
-    pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=1), workdir)
-    pipeline.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)  # resumed: update 2 kills none
+    loop.train(_config(tiny_model_dir, analyst_url, num_updates=1), workdir)
+    loop.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)  # resumed: update 2 kills none
   rows = _read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [(r["step"], r["env/restarts"], r["env/restarts_total"]) for r in rows] == [(0, 1, 1), (1, 0, 1)]
   restarts = [r for r in caplog.records if "restarting its worker" in r.getMessage()]
@@ -264,9 +264,9 @@ def test_unusable_workdir_is_one_line_before_loading(tmp_path):
 
 def test_analyzer_off_means_plain_grpo():
   c = twx_config.get_config("")
-  assert pipeline.effective_loss_config(c).opd_variant == "gated"
+  assert runtime.effective_loss_config(c).opd_variant == "gated"
   c.analyzer.enabled = False
-  assert pipeline.effective_loss_config(c).opd_variant == "none"
+  assert runtime.effective_loss_config(c).opd_variant == "none"
 
 
 @pytest.mark.parametrize("flag,message", [
@@ -298,7 +298,7 @@ def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
   c.learner.minibatch_size, c.learner.micro_batch_size = 4, 2
   c.train.num_updates, c.eval.at_end = 1, False
   validate(c)
-  out = pipeline.train(c, str(tmp_path))
+  out = loop.train(c, str(tmp_path))
   m = out["metrics"]
   assert m["rollout/episodes"] == 2 and m["rollout/env_errors"] == 0 and m["rollout/episode_length"] == 2
   assert 0.0 <= m["analysis/parse_rate"] <= 1.0 and m["update/optimizer_steps"] == 1

@@ -137,11 +137,11 @@ def test_auto_rows_are_the_largest_power_of_two_that_fits():
     assert peak(trial) > 95 * gib
     assert plan.fitting_rows(cfg, spec, mesh, 400 * gib, field) >= rows
     assert plan.fitting_rows(cfg, spec, mesh, gib, field) == 4
-  # At run time (pipeline.build) "auto" is sized for this machine's device memory; set values stay.
-  from seed_jax import pipeline
+  # At run time (runtime.build) "auto" is sized for this machine's device memory; set values stay.
+  from seed_jax import runtime
   cfg.sampler.max_batch, cfg.rescore.max_rows = 0, 32
   assert plan.device_memory_bytes() > 0
-  got = pipeline.auto_rows(cfg, SPEC, make_mesh((2, 4, 1)))
+  got = [runtime.auto_rows(cfg, SPEC, make_mesh((2, 4, 1)), f) for f in ("sampler.max_batch", "rescore.max_rows")]
   assert got[1] == 32 and got[0] >= 8 and got[0] & (got[0] - 1) == 0
 
 

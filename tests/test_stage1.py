@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import textworld_express as twx_config
-from seed_jax import pipeline, sft, skills, stage1
+from seed_jax import loop, records, sft, skills, stage1
 from seed_jax.config import validate
 from seed_jax.envs.base import Task
 from seed_jax.infra.mesh import make_mesh
@@ -92,10 +92,10 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   stats = stage1.annotate(acfg, work)
   assert (stats["annotate/analysed"], stats["annotate/kept"], stats["annotate/keep_rate"]) == (4, 4, 1.0)
   assert stats["annotate/keep_rate_failure"] == 1.0 and "annotate/keep_rate_success" not in stats
-  records = stage1.read_records(os.path.join(work, stage1.RECORDS_FILE))
-  assert [(r["task_index"], r["traj_id"], r["analyzer"], r["success"]) for r in records] == [
+  kept = records.read_records(os.path.join(work, stage1.RECORDS_FILE))
+  assert [(r["task_index"], r["traj_id"], r["analyzer"], r["success"]) for r in kept] == [
       (0, 0, "oracle", False), (0, 1, "oracle", False), (1, 0, "oracle", False), (1, 1, "oracle", False)]
-  for r, (_, t) in zip(records, trajs):
+  for r, (_, t) in zip(kept, trajs):
     assert r["prompt"] == skills.analysis_prompt(t)
     reply = json.loads(r["response"])
     assert r["response"] == skills.format_skill_json(reply["episode_summary"], reply["episode_skill"])
@@ -103,7 +103,7 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
     assert reply["episode_skill"].endswith('reply with a valid action in the required format: "look around".')
   # A second run finds everything analysed and rewrites the same records.
   assert stage1.annotate(acfg, work)["annotate/kept"] == 4
-  assert stage1.read_records(os.path.join(work, stage1.RECORDS_FILE)) == records
+  assert records.read_records(os.path.join(work, stage1.RECORDS_FILE)) == kept
 
   # External annotation of the same trajectories through a loopback server.
   server = _EchoServer()
@@ -117,9 +117,9 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   finally:
     server.close()
   assert (stats["annotate/kept"], stats["annotate/analyzer_requests"]) == (4, 4)
-  ext = stage1.read_records(ecfg.annotate.output)
+  ext = records.read_records(ecfg.annotate.output)
   assert [r["response"] for r in ext] == [skills.format_skill_json("s", "Avoid it.")] * 4
-  assert [r["prompt"] for r in ext] == [r["prompt"] for r in records]
+  assert [r["prompt"] for r in ext] == [r["prompt"] for r in kept]
 
   # The local analyzer (the tiny model itself, greedy) writes no parseable JSON: all dropped, nothing crashes.
   lcfg = _cfg("annotate", tiny)
@@ -127,7 +127,7 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   lcfg.annotate.log, lcfg.annotate.output = os.path.join(work, "loc_log.jsonl"), os.path.join(work, "loc.jsonl")
   stats = stage1.annotate(lcfg, work, mesh=one_device_mesh())
   assert (stats["annotate/analysed"], stats["annotate/kept"], stats["annotate/analyzer_requests"]) == (4, 0, 4)
-  assert all(not r["ok"] and r["error"] for r in stage1.read_records(lcfg.annotate.log))
+  assert all(not r["ok"] and r["error"] for r in records.read_records(lcfg.annotate.log))
 
   # SFT on the oracle records: 3 train / 1 validation record, 2 steps; the export is an HF folder.
   out = sft.train(_cfg("sft", tiny), work, mesh=one_device_mesh())
@@ -148,7 +148,7 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   rcfg.learner.minibatch_size, rcfg.learner.micro_batch_size = 4, 2
   rcfg.train.num_updates, rcfg.eval.at_end = 1, False
   validate(rcfg)
-  res = pipeline.train(rcfg, os.path.join(work, "rl"))
+  res = loop.train(rcfg, os.path.join(work, "rl"))
   rl = res["metrics"]
   assert rl["rollout/episodes"] == 2 and rl["update/optimizer_steps"] >= 1
   sft_params = weights.load_model(export)[1]
@@ -161,7 +161,7 @@ def _traj_file(path: str, cases: list[str]) -> None:
     task = Task(task_id=f"toy/{case}", split="train", env="textworld_express", spec={}, family="toy")
     t = trajectory(task, [step("You are in the kitchen.", "look around")], 0.0, "max_steps", description=case)
     groups.append(dict(task_index=i, task=task.to_json(), trajectories=[stage1.traj_to_json(t)]))
-  stage1.append_records(path, groups)
+  records.append_records(path, groups)
 
 
 def test_external_annotation_keeps_and_drops_correctly(tmp_path, monkeypatch):
@@ -180,29 +180,29 @@ def test_external_annotation_keeps_and_drops_correctly(tmp_path, monkeypatch):
     assert {c: len(v) for c, v in server.hits.items()} == hits
   finally:
     server.close()
-  log_lines = stage1.read_records(str(tmp_path / stage1.ANNOTATIONS_FILE))
+  log_lines = records.read_records(str(tmp_path / stage1.ANNOTATIONS_FILE))
   assert [(l["task_id"], l["ok"]) for l in log_lines] == [
       ("toy/valid", True), ("toy/fenced", True), ("toy/broken", True), ("toy/still_broken", False),
       ("toy/429", True), ("toy/500", True), ("toy/timeout", False)]
   assert [l["error"] for l in log_lines if not l["ok"]] == ["no JSON object found", "empty reply"]
-  kept = stage1.read_records(str(tmp_path / stage1.RECORDS_FILE))
+  kept = records.read_records(str(tmp_path / stage1.RECORDS_FILE))
   assert [r["task_id"] for r in kept] == ["toy/valid", "toy/fenced", "toy/broken", "toy/429", "toy/500"]
   assert {r["response"] for r in kept} == {skills.format_skill_json("s", "Good skill.")}  # canonical JSON
   assert (stats["annotate/analysed"], stats["annotate/kept"]) == (7, 5) and stats["annotate/keep_rate"] == 5 / 7
   # requests: 1 + 1 + 2 (JSON retry) + 2 (JSON retry) + 2 (429) + 2 (500) + 2 (timeout, then given up)
   assert (stats["annotate/analyzer_requests"], stats["annotate/analyzer_retries"],
           stats["annotate/analyzer_failures"], stats["annotate/analyzer_json_retries"]) == (12, 3, 1, 2)
-  assert again["annotate/kept"] == 5 and stage1.read_records(str(tmp_path / stage1.RECORDS_FILE)) == kept
+  assert again["annotate/kept"] == 5 and records.read_records(str(tmp_path / stage1.RECORDS_FILE)) == kept
 
 
 _WRITER = """
 import sys
-from seed_jax import stage1
+from seed_jax import records
 path, n = sys.argv[1], int(sys.argv[2])
-done = {r["i"] for r in stage1.read_records(path, repair=True)}
+done = {r["i"] for r in records.read_records(path, repair=True)}
 for i in range(n):
   if i not in done:
-    stage1.append_records(path, [{"i": i, "pad": str(i) * 3_000_000}])
+    records.append_records(path, [{"i": i, "pad": str(i) * 3_000_000}])
 """
 
 
@@ -216,19 +216,19 @@ def test_writer_killed_midway_then_restarted_keeps_every_record_once(tmp_path):
     time.sleep(0.02)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  partial = len(stage1.read_records(path))
+  partial = len(records.read_records(path))
   assert 3 <= partial < 12
   subprocess.run(cmd, env=env, cwd=REPO, check=True, timeout=300)
-  records = stage1.read_records(path)
-  assert [r["i"] for r in records] == list(range(12))
-  assert all(r["pad"] == str(r["i"]) * 3_000_000 for r in records)
+  written = records.read_records(path)
+  assert [r["i"] for r in written] == list(range(12))
+  assert all(r["pad"] == str(r["i"]) * 3_000_000 for r in written)
 
 
 def test_read_records_errors_and_config_validation(tmp_path):
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
   with pytest.raises(ValueError, match="line 2 is not valid JSON"):
-    stage1.read_records(str(bad))
+    records.read_records(str(bad))
   with pytest.raises(FileNotFoundError, match="run the collect stage first"):
     stage1.load_trajectories(str(tmp_path / "none.jsonl"))
   cfg = twx_config.get_config("annotate")

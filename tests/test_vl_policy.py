@@ -9,7 +9,7 @@ import pytest
 
 from configs import ezpoints, sokoban
 from seed_jax import batch as batch_lib
-from seed_jax import images, packing, pipeline
+from seed_jax import images, loop, packing, pipeline, runtime
 from seed_jax.envs import ezpoints_image
 from seed_jax.models import logprobs, tiny_vl
 from seed_jax.models import tokenizer as tokenizer_lib
@@ -60,7 +60,7 @@ def test_text_only_checkpoint_with_image_observations_is_one_clear_error():
   cfg = sokoban.get_config("")  # the embedded SmolLM2 (text-only)
   cfg.env.observation, cfg.env.render_image = "image", True
   with pytest.raises(ValueError) as e:
-    pipeline.build(cfg)
+    runtime.build(cfg)
   msg = str(e.value)
   assert "\n" not in msg and "config.env.observation" in msg and "config.model.path" in msg
 
@@ -93,7 +93,7 @@ def test_sampler_rescorer_and_update_agree_on_image_rows():
   """Sampled log-probs = the re-scorer's on the same rows with their frames (packed and padded layouts) = the
   update's packed forward; the skill-augmented context carries the very same frame arrays."""
   cfg = small_vl_config()
-  rt = pipeline.build(cfg)
+  rt = runtime.build(cfg)
   try:
     params = rt.init_params
     trajs = pipeline._rollout(rt, params, 0, jax.random.key(0))
@@ -146,7 +146,7 @@ def test_two_update_seed_run_with_image_observations(tmp_path, pack):
   if not pack:  # one padded row per step-sample in the re-score and the update, π_old re-scored too
     cfg.learner.pack_length = cfg.rescore.pack_length = 0
     cfg.rescore.old_logps = "rescore"
-  out = pipeline.train(cfg, str(tmp_path))
+  out = loop.train(cfg, str(tmp_path))
   m = out["metrics"]
   assert out["stopped"] is None and int(out["state"].step) >= 2
   assert all(math.isfinite(m[k]) for k in ("update/loss", "update/grad_norm")) and m["update/skipped_total"] == 0

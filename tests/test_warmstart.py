@@ -11,7 +11,7 @@ import pytest
 from helpers import save_tiny_llama
 
 from configs import textworld_express as twx_config
-from seed_jax import pipeline, warmstart
+from seed_jax import loop, warmstart
 from seed_jax.config import validate
 from seed_jax.envs import get_family
 from seed_jax.envs.pool import EnvPool
@@ -127,7 +127,7 @@ def test_rl_from_warm_policy_has_a_signal_every_update(warm, tmp_path):
   c.train.num_updates = 2
   c.eval.at_end, c.eval.every = False, 0
   validate(c)
-  out = pipeline.train(c, str(tmp_path / "run"))
+  out = loop.train(c, str(tmp_path / "run"))
   lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
   updates = [r for r in lines if "rollout/return" in r]
   assert len(updates) == 2

@@ -79,7 +79,7 @@ class StopSignals:
 
 
 def exit_after_stop(out: dict, workdir: str) -> None:
-  """One line for a run (pipeline.train's result) that a signal ended early, then the signal's exit status."""
+  """One line for a run (loop.train's result) that a signal ended early, then the signal's exit status."""
   saved = (f"checkpoint saved in {os.path.join(workdir, 'checkpoints')}" if out["updates_done"]
            else "no update had finished")
   print(f"seed_jax: stopped by {out['stopped']} after {out['updates_done']} updates, {saved}; the same command "
