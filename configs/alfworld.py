@@ -7,28 +7,27 @@ Needs the official game files: --config.env.data_dir=/folder/holding/json_2.1.1 
 """
 import ml_collections
 
-from configs import base, stage1
-from configs.sciworld import cpu_default, paper_default
+from configs import base, variants
 
 
 def get_config(variant: str = ""):
-  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py)."""
-  paper, stage = stage1.parse_variant(variant, "alfworld")
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "sft,paper"."""
   c = base.get_base()
   c.env = env_config()
   c.env.name = "alfworld"
   c.env.train_split = "train"
   c.eval.split = "valid_seen,valid_unseen"  # seen 140 / unseen 134 games with the official data
-  if not paper:
-    cpu_default(c)
-  else:
-    paper_default(c)
-    c.rollout.tasks_per_update, c.rollout.group_size = 16, 8
-    c.env.max_steps, c.env.history_length = 30, 5
-    c.model.max_prompt_tokens = 2048  # the reference's ALFWorld prompt limit
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+  return variants.build(variant, "alfworld", c, base.cpu_default, VARIANTS)
+
+
+def paper(c, _=True) -> None:
+  base.paper_default(c)
+  c.rollout.tasks_per_update, c.rollout.group_size = 16, 8
+  c.env.max_steps, c.env.history_length = 30, 5
+  c.model.max_prompt_tokens = 2048  # the reference's ALFWorld prompt limit
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -1,4 +1,5 @@
-"""Shared defaults of every run; environment configs start from `get_base()` and override.
+"""Shared defaults of every run; environment configs start from `get_base()` and override. The shared sizings
+(`cpu_default`, `paper_default`) and the text-played visual games' base (`text_game`) live here too.
 
 Plain data: this file imports no seed_jax module, so loading a config never pulls in the training stack.
 Every default lives here (or in the environment config); the package reads them from the config it is given.
@@ -270,3 +271,58 @@ def get_base() -> ml_collections.ConfigDict:
   c.generate.max_new_tokens = 64
   c.generate.temperature = 0.0
   return c
+
+
+def cpu_default(c) -> None:
+  """Small enough to finish on a laptop CPU in minutes with SmolLM2-135M: few tasks, short answers."""
+  c.rollout.tasks_per_update, c.rollout.group_size = 2, 2
+  c.rollout.max_new_tokens = 48
+  c.env.max_steps, c.env.history_length = 4, 2
+  c.model.max_prompt_tokens = 1024
+  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 96
+  c.analyzer.salvage_truncated = True  # a small model's reply cut at max_new_tokens still yields its skill
+  c.learner.minibatch_size, c.learner.micro_batch_size = 16, 4
+  # learner.remat stays on: without it an update over packed rows of 1536 tokens keeps every layer's attention
+  # and runs several times slower on a CPU
+  c.train.num_updates = 2
+  c.eval.every, c.eval.max_tasks = 0, 4
+  c.sampler.max_batch = 16
+
+
+def paper_default(c) -> None:
+  """SEED's model-side settings (docs/algorithm.md §2-3): a 3B checkpoint, 4k step prompts, 16k/4k analysis,
+  mini-batches of 256 step-samples, bf16 compute, replies sampled to EOS, no JSON-retry turn. B, G, the env's
+  steps/history and the exceptions (mini-batch, prompt limit, retry turn) are the env config's."""
+  c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
+  c.model.max_prompt_tokens = 4096
+  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
+  c.analyzer.external.json_retry = False  # the reference retries only for WebShop and Sokoban
+  c.rollout.stop_strings = ()  # the reference samples every reply to EOS
+  c.learner.minibatch_size = 256
+  c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
+  c.sampler.prefill_chunk = 2048  # 16k-token analysis prompts: one chunk's activations, not the prompt's
+
+
+def text_game(name: str, env: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A visual game of the paper played from text (Sokoban, EZPoints), before its sizing: the env's RGB rendering
+  off, train/test panels."""
+  c = get_base()
+  c.env = env
+  c.env.name = name
+  c.env.train_split = "train"
+  c.eval.split = "test"
+  c.env.observation, c.env.render_image = "text", False
+  return c
+
+
+def text_game_cpu(c) -> None:
+  """`cpu_default` with no history, as in the paper."""
+  cpu_default(c)
+  c.env.history_length = 0
+
+
+def text_game_paper(c, *, tasks_per_update: int, max_steps: int) -> None:
+  """`paper_default` with the game's B (G = 8) and step limit, no history."""
+  paper_default(c)
+  c.rollout.tasks_per_update, c.rollout.group_size = tasks_per_update, 8
+  c.env.max_steps, c.env.history_length = max_steps, 0

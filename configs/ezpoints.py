@@ -7,20 +7,23 @@ RGB rendering is turned off) and no history is shown, as in the paper. A solutio
 """
 import ml_collections
 
-from configs import stage1, vl
-from configs.sciworld import text_game_config
+from configs import base, variants
 
 
 def get_config(variant: str = ""):
-  variant, visual = vl.split_variant(variant)
-  c = text_game_config(variant, "ezpoints", env_config(), paper_tasks_per_update=16, paper_max_steps=8)
-  if stage1.parse_variant(variant, "ezpoints")[0]:  # the reference's EZPoints settings (its launcher runs 100 updates)
-    c.learner.minibatch_size = 128
-    c.model.max_prompt_tokens = 1024
-    c.train.num_updates = 100
-  if visual:
-    vl.apply(c, stage1.parse_variant(variant, "ezpoints")[0])
-  return c
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "paper,vl", "sft,paper"."""
+  return variants.build(variant, "ezpoints", base.text_game("ezpoints", env_config()), base.text_game_cpu, VARIANTS)
+
+
+def paper(c, _=True) -> None:
+  """The reference's EZPoints settings (its launcher runs 100 updates)."""
+  base.text_game_paper(c, tasks_per_update=16, max_steps=8)
+  c.learner.minibatch_size = 128
+  c.model.max_prompt_tokens = 1024
+  c.train.num_updates = 100
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES, **variants.VL}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -5,84 +5,29 @@ python -m seed_jax.main --config=configs/sciworld.py[:paper] [--config.model.pat
 """
 import ml_collections
 
-from configs import base, stage1
+from configs import base, stage1, variants
+
+VARIANTS = {variants.PAPER: lambda c, _: base.paper_default(c), **variants.STAGES}
 
 
 def get_config(variant: str = ""):
-  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py), e.g. "sft,paper"."""
-  paper, stage = stage1.parse_variant(variant, "sciworld")
-  variant = "paper" if paper else ""
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "sft,paper"."""
   c = base.get_base()
   c.env = env_config()
   c.env.name = "sciworld"
   c.env.train_split = "train"
   c.eval.split = "eval_l0,eval_l2"
-  if variant == "":
-    cpu_default(c)
-    c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
-    # The embedded default's first phase: SmolLM2-135M answers in prose and cuts its JSON short unless it is
-    # fine-tuned on the action format and the analysis reply first (cached after the first run).
-    c.warmstart.before_rl = True
-    stage1.cpu_warmstart(c)
-    c.analyzer.max_new_tokens = 160  # the analysis JSON closes well within this
-  elif variant == "paper":
-    paper_default(c)
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+  return variants.build(variant, "sciworld", c, cpu, VARIANTS)
 
 
-def cpu_default(c):
-  """Small enough to finish on a laptop CPU in minutes with SmolLM2-135M: few tasks, short answers."""
-  c.rollout.tasks_per_update, c.rollout.group_size = 2, 2
-  c.rollout.max_new_tokens = 48
-  c.env.max_steps, c.env.history_length = 4, 2
-  c.model.max_prompt_tokens = 1024
-  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 1536, 96
-  c.analyzer.salvage_truncated = True  # a small model's reply cut at max_new_tokens still yields its skill
-  c.learner.minibatch_size, c.learner.micro_batch_size = 16, 4
-  # learner.remat stays on: without it one update over packed rows of 1536 tokens ran 674 s against 76 s with it
-  # (8 vs 9 rows, AMD EPYC; the slower run shared the cores with another job), keeping every layer's attention
-  c.train.num_updates = 2
-  c.eval.every, c.eval.max_tasks = 0, 4
-  c.sampler.max_batch = 16
-
-
-def paper_default(c):
-  """SEED's model-side settings (docs/algorithm.md §2-3): a 3B checkpoint, 4k step prompts, 16k/4k analysis,
-  mini-batches of 256 step-samples, bf16 compute, replies sampled to EOS, no JSON-retry turn. B, G, the env's
-  steps/history and the exceptions (mini-batch, prompt limit, retry turn) are the env config's."""
-  c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
-  c.model.max_prompt_tokens = 4096
-  c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
-  c.analyzer.external.json_retry = False  # the reference retries only for WebShop and Sokoban
-  c.rollout.stop_strings = ()  # the reference samples every reply to EOS
-  c.learner.minibatch_size = 256
-  c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
-  c.sampler.prefill_chunk = 2048  # 16k-token analysis prompts: one chunk's activations, not the prompt's
-
-
-def text_game_config(variant: str, name: str, env: ml_collections.ConfigDict, *, paper_tasks_per_update: int,
-                     paper_max_steps: int) -> ml_collections.ConfigDict:
-  """A visual game of the paper played from text (Sokoban, EZPoints): the env's RGB rendering off, no history
-  (as in the paper), train/test panels; "paper" sets its B (G = 8) and step limit; Stage 1 stages as elsewhere."""
-  paper, stage = stage1.parse_variant(variant, name)
-  c = base.get_base()
-  c.env = env
-  c.env.name = name
-  c.env.train_split = "train"
-  c.eval.split = "test"
-  c.env.observation, c.env.render_image = "text", False
-  if not paper:
-    cpu_default(c)
-    c.env.history_length = 0
-  else:
-    paper_default(c)
-    c.rollout.tasks_per_update, c.rollout.group_size = paper_tasks_per_update, 8
-    c.env.max_steps, c.env.history_length = paper_max_steps, 0
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+def cpu(c) -> None:
+  base.cpu_default(c)
+  c.env.task_types = "boil,find-living-thing,measure-melting-point-known-substance"
+  # The embedded default's first phase: SmolLM2-135M answers in prose and cuts its JSON short unless it is
+  # fine-tuned on the action format and the analysis reply first (cached after the first run).
+  c.warmstart.before_rl = True
+  stage1.cpu_warmstart(c)
+  c.analyzer.max_new_tokens = 160  # the analysis JSON closes well within this
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -9,13 +9,11 @@ settings: invalid-action penalty 0.01, KL 0.001, no entropy bonus; generation st
 """
 import ml_collections
 
-from configs import base, stage1
-from configs.sciworld import cpu_default, paper_default
+from configs import base, variants
 
 
 def get_config(variant: str = ""):
-  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py)."""
-  paper, stage = stage1.parse_variant(variant, "search")
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "sft,paper"."""
   c = base.get_base()
   c.env = env_config()
   c.env.name = "search"
@@ -24,19 +22,20 @@ def get_config(variant: str = ""):
   c.rollout.stop_strings = ("</search>", "</answer>")  # the closing tags of seed_jax.envs.search.TAGS
   c.objectives.invalid_penalty = 0.01
   c.objectives.kl_coef, c.objectives.entropy_coef = 0.001, 0.0
-  if not paper:
-    cpu_default(c)
-  else:
-    paper_default(c)
-    c.rollout.tasks_per_update, c.rollout.group_size = 128, 8
-    c.env.max_steps, c.env.history_length = 4, 4
-    c.rollout.stop_strings = ("</search>", "</answer>")  # a search call ends the turn, as in the reference
-    c.learner.minibatch_size = 512
-    c.learner.schedule, c.learner.warmup_frac = "warmup_constant", 0.1
-    c.env.success_reward = 1.0  # exact match in {0, 1}: the 0.01 invalid penalty is the reference's relative size
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+  return variants.build(variant, "search", c, base.cpu_default, VARIANTS)
+
+
+def paper(c, _=True) -> None:
+  base.paper_default(c)
+  c.rollout.tasks_per_update, c.rollout.group_size = 128, 8
+  c.env.max_steps, c.env.history_length = 4, 4
+  c.rollout.stop_strings = ("</search>", "</answer>")  # a search call ends the turn, as in the reference
+  c.learner.minibatch_size = 512
+  c.learner.schedule, c.learner.warmup_frac = "warmup_constant", 0.1
+  c.env.success_reward = 1.0  # exact match in {0, 1}: the 0.01 invalid penalty is the reference's relative size
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -7,21 +7,24 @@ rendering is turned off) and no history is shown, as in the paper.
 """
 import ml_collections
 
-from configs import stage1, vl
-from configs.sciworld import text_game_config
+from configs import base, variants
 
 
 def get_config(variant: str = ""):
-  variant, visual = vl.split_variant(variant)
-  c = text_game_config(variant, "sokoban", env_config(), paper_tasks_per_update=32, paper_max_steps=15)
-  if stage1.parse_variant(variant, "sokoban")[0]:  # the reference's Sokoban settings
-    c.learner.minibatch_size = 64
-    c.model.max_prompt_tokens = 1024
-    c.env.search_depth = 30
-    c.analyzer.external.json_retry = True
-  if visual:
-    vl.apply(c, stage1.parse_variant(variant, "sokoban")[0])
-  return c
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "paper,vl", "sft,paper"."""
+  return variants.build(variant, "sokoban", base.text_game("sokoban", env_config()), base.text_game_cpu, VARIANTS)
+
+
+def paper(c, _=True) -> None:
+  """The reference's Sokoban settings."""
+  base.text_game_paper(c, tasks_per_update=32, max_steps=15)
+  c.learner.minibatch_size = 64
+  c.model.max_prompt_tokens = 1024
+  c.env.search_depth = 30
+  c.analyzer.external.json_retry = True
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES, **variants.VL}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -15,18 +15,9 @@ The three Stage 1 stages share one workdir:
 STAGES = ("collect", "annotate", "sft", "warmstart")
 
 
-def parse_variant(variant: str, config_name: str) -> tuple[bool, str | None]:
-  """(paper?, Stage 1 stage or None) of a comma-separated variant such as "sft,paper"."""
-  parts = [p for p in variant.split(",") if p]
-  stages = [p for p in parts if p in STAGES]
-  if len(stages) > 1 or any(p != "paper" and p not in STAGES for p in parts):
-    raise ValueError(f"unknown variant {variant!r} of configs/{config_name}.py; known: '', 'paper', one of "
-                     f"{STAGES}, optionally with ',paper'")
-  return "paper" in parts, (stages[0] if stages else None)
-
-
 def apply(c, stage: str, paper: bool) -> None:
-  """Sets `c.stage`; the module defaults of c.collect / c.annotate / c.sft are the paper's values."""
+  """Sets `c.stage` (each stage is an overlay of configs/variants.py); the module defaults of c.collect /
+  c.annotate / c.sft are the paper's values."""
   if stage not in STAGES:
     raise ValueError(f"unknown Stage 1 stage {stage!r}; known: {STAGES}")
   c.stage = stage

@@ -6,34 +6,25 @@ the CPU-sized SEED-vs-GRPO experiment (seed_jax/experiment.py), "experiment,acce
 """
 import ml_collections
 
-from configs import base, stage1
-from configs.sciworld import cpu_default, paper_default
+from configs import base, stage1, variants
 
 
 def get_config(variant: str = ""):
-  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py), e.g. "sft,paper"."""
-  if variant == "experiment":
-    return experiment_config()
-  if variant == "experiment,accelerator":
-    return experiment_accelerator_config()
-  paper, stage = stage1.parse_variant(variant, "textworld_express")
-  variant = "paper" if paper else ""
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "sft,paper", "experiment,accelerator"."""
   c = base.get_base()
   c.env = env_config()
   c.env.name = "textworld_express"
   c.env.train_split = "train"
   c.eval.split = "eval"
-  if variant == "":
-    cpu_default(c)
-  elif variant == "paper":
-    paper_default(c)
-    c.env.max_steps, c.env.history_length = 30, 5
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+  return variants.build(variant, "textworld_express", c, base.cpu_default, VARIANTS)
 
 
-def experiment_config() -> ml_collections.ConfigDict:
+def paper(c, _=True) -> None:
+  base.paper_default(c)
+  c.env.max_steps, c.env.history_length = 30, 5
+
+
+def experiment(c, paper: bool) -> None:
   """SEED against GRPO at CPU size (python -m seed_jax.experiment --config=configs/textworld_express.py:experiment
   --seeds=0,1): coin collection over 4 rooms, action-only replies, a weak warm start (4 SFT steps on 2 gold-path
   demos) shared by every arm and seed, evaluation on a fixed 32-game panel at the training temperature before
@@ -45,8 +36,9 @@ def experiment_config() -> ml_collections.ConfigDict:
 
   No entropy bonus and no KL term in either arm: when every group of an update is homogeneous (all advantages
   0), Adam rescales the bonus's tiny gradient to full-size steps, and a pilot's policy went from 0.00 to 0.69
-  invalid actions in one such update (AMD EPYC, lr 3e-5)."""
-  c = get_config("")
+  invalid actions in one such update (lr 3e-5)."""
+  if paper:
+    raise ValueError("variant 'experiment' of configs/textworld_express.py is CPU-sized; it takes no 'paper'")
   c.env.game_params.coin = "numLocations=4,includeDoors=0,numDistractorItems=0"
   c.env.history_length, c.env.history_obs_chars = 2, 200
   c.env.require_think = False
@@ -64,21 +56,21 @@ def experiment_config() -> ml_collections.ConfigDict:
   c.train.num_updates = 3
   c.eval.every, c.eval.max_tasks, c.eval.at_start = 0, 32, True
   c.eval.temperature = c.rollout.temperature
-  return c
 
 
-def experiment_accelerator_config() -> ml_collections.ConfigDict:
-  """The same experiment at accelerator size (one GPU/TPU chip, meant for about 10 minutes an arm and seed;
-  not yet timed on one): 32 tasks x 8 rollouts per update, 40 updates, the whole 50-game panel every 10, bf16
-  generation, bigger calls and mini-batches."""
-  c = experiment_config()
+def accelerator(c, _: bool) -> None:
+  """After "experiment": the same experiment at accelerator size (one GPU/TPU chip, meant for minutes an arm and
+  seed): 32 tasks x 8 rollouts per update, 40 updates, the whole 50-game panel every 10, bf16 generation, bigger
+  calls and mini-batches."""
   c.rollout.tasks_per_update, c.rollout.group_size = 32, 8
   c.train.num_updates = 40
   c.eval.every, c.eval.max_tasks = 10, 0
   c.sampler.dtype, c.sampler.max_batch, c.rescore.max_rows = "bfloat16", 256, 256
   c.learner.minibatch_size, c.learner.micro_batch_size = 256, 32
   c.rescore.pack_tokens = 65536
-  return c
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES, "experiment": experiment, "accelerator": accelerator}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -7,13 +7,8 @@ pipeline end to end; it does not play). "paper,vl": SEED's visual settings for Q
 """
 
 
-def split_variant(variant: str) -> tuple[str, bool]:
-  """(the variant without "vl", whether "vl" was in it): "paper,vl" -> ("paper", True)."""
-  parts = [p for p in variant.split(",") if p]
-  return ",".join(p for p in parts if p != "vl"), "vl" in parts
-
-
 def apply(c, paper: bool) -> None:
+  """The "vl" overlay (configs/variants.py)."""
   c.env.observation, c.env.render_image = "image", True
   if paper:
     c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-VL-3B-Instruct (or its SFT checkpoint)

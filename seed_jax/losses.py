@@ -133,12 +133,7 @@ class SeedLossConfig:
   opd_coef: float
   opd_beta: float
   opd_adv_coef: float
-
-  def __post_init__(self):
-    if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
-      raise ValueError(f"clip_low={self.clip_low} must be in [0, 1) and clip_high={self.clip_high} >= 0")
-    if self.clip_c <= 1.0:
-      raise ValueError(f"clip_c={self.clip_c} must be > 1 (dual clip caps the loss at -clip_c*A for A < 0)")
+  # clip_low, clip_high and clip_c are checked with the rest of the config (seed_jax.config.validate)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict) -> "SeedLossConfig":

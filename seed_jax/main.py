@@ -21,13 +21,14 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, du
 def generate_once(cfg) -> str:
   import jax
   from seed_jax.models import tokenizer as tokenizer_lib, weights
+  from seed_jax.config import sampling
   from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
   spec, params = weights.load_model(cfg.model.path)
   spec = spec.with_attention(cfg.model)
   tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
-  sp = SamplingParams(temperature=cfg.generate.temperature, max_new_tokens=cfg.generate.max_new_tokens)
+  sp = SamplingParams(*sampling(cfg, "generate"))
   return sampler.generate_text(params, [cfg.generate.prompt], jax.random.key(cfg.seed), sp, tok)[0]
 
 
@@ -62,8 +63,8 @@ def main(argv):
   cfg = _CONFIG.value
   try:
     validate(cfg)
-  except ValueError as e:
-    sys.exit(f"config error: {e}")
+  except (OSError, ValueError) as e:  # OSError: config_flags defers a config file it could not read to here
+    sys.exit(f"config error: {_first_line(e)}")
   from seed_jax import templates
   templates.use(cfg.templates)
   if cfg.compile_cache.enabled:
@@ -122,14 +123,33 @@ def run_eval(cfg, workdir: str) -> None:
   print(f"seed_jax: eval done. {os.path.join(workdir, evaluate.RESULTS)}.{{json,md}}")
 
 
+def _first_line(e: BaseException) -> str:
+  """`e` on one line; a message of several lines is config_flags re-raising a config file's error (an unknown
+  variant) with the file's traceback as its text, so the chain's first error speaks instead."""
+  while "\n" in str(e).strip() and (e.__cause__ or e.__context__):
+    e = e.__cause__ or e.__context__
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _missing_config_file(argv) -> str | None:
+  """The one line for a --config file that does not exist (config_flags would defer it to the first read)."""
+  values = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")]
+  path = (values[-1] if values else flags.FLAGS["config"].default).split(":", 1)[0]
+  return None if os.path.isfile(path) else f"config error: no config file {path!r}"
+
+
 def _parse_flags(argv):
-  """Bad overrides end the run with one clear line instead of a traceback."""
+  """Bad overrides, variants and config files end the run with one clear line instead of a traceback."""
+  missing = _missing_config_file(argv)
+  if missing:
+    sys.exit(missing)
   try:
-    return flags.FLAGS(argv)
+    argv = flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
     sys.exit(f"config error: unknown config field {str(e).strip(chr(34) + chr(39))!r} in the --config overrides")
-  except (TypeError, ValueError, flags.Error) as e:
-    sys.exit(f"config error: {e}")
+  except (OSError, TypeError, ValueError, flags.Error) as e:
+    sys.exit(f"config error: {_first_line(e)}")
+  return argv
 
 
 def run():

@@ -16,6 +16,7 @@ from seed_jax import advantages, analyzers, losses, packing, report, shares, ski
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import TokenCount, bucket, pow2_sizes
+from seed_jax.config import sampling
 from seed_jax.envs.base import Trajectory
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
@@ -105,7 +106,7 @@ def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = 
   G = cfg.rollout.group_size
   tasks = tasks_lib.tasks_for_update(rt.train_tasks, u, cfg.rollout.tasks_per_update, cfg.seed)
   mine = tasks_lib.my_update_episodes(len(tasks), G)
-  sp = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+  sp = SamplingParams(*sampling(cfg, "rollout"))
   return run_episodes(rt.pool, rt.family, cfg.env, [tasks[b] for b, _ in mine], [u * len(tasks) + b for b, _ in mine],
                       [g for _, g in mine], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
                       rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens, clock=clock,
@@ -115,7 +116,7 @@ def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = 
 def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:
   """A hindsight skill per trajectory; the policy backend decodes greedily with the current weights."""
   ac = rt.cfg.analyzer
-  sp = SamplingParams(temperature=0.0, max_new_tokens=ac.max_new_tokens)
+  sp = SamplingParams(*sampling(rt.cfg, "analysis"))
   analyzer = analyzers.make_analyzer(ac, lambda texts: rt.sampler.generate_text(params, texts, key, sp, rt.tokenizer))
   return skills.analyze_trajectories(analyzer, trajs, ac, count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
 

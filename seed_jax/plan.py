@@ -23,9 +23,9 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from seed_jax.config import CONFIGS_DIR, load_mesh_preset
-from seed_jax.infra.mesh import MESH_AXES, logical_to_spec, resolve, resolve_shape
-from seed_jax.models import transformer
+from seed_jax.config import CONFIGS_DIR, MESH_AXES, load_mesh_preset
+from seed_jax.infra.mesh import logical_to_spec, resolve, resolve_shape
+from seed_jax.models import attention, transformer
 from seed_jax.models.spec import ModelSpec
 
 F32 = 4
@@ -116,8 +116,8 @@ def kv_cache_bytes(spec: ModelSpec, rows: int, length: int, mesh: dict[str, int]
 
 def causal_score_columns(tokens: int) -> int:
   """Score entries per row and head of a cache-less forward, which attends in query blocks each against
-  the keys up to its last position (transformer._causal_attention): about the lower triangle."""
-  block = transformer.QUERY_BLOCK
+  the keys up to its last position (attention.dense_causal_attention): about the lower triangle."""
+  block = attention.QUERY_BLOCK
   return sum(min(block, tokens - t0) * min(t0 + block, tokens) for t0 in range(0, tokens, block))
 
 
@@ -139,10 +139,10 @@ def layer_activation_bytes(spec: ModelSpec, rows: int, queries: int, keys: int |
     scores = b((B, H, tile * tile), ("batch", "heads", None)) + 2 * b((B, H, T), ("batch", "heads", "length"))
   elif S is None:
     scores = b((B, H, causal_score_columns(T)), ("batch", "heads", None))
-  elif spec.blockwise(S):  # a prefill chunk over the cache, tiled (transformer._cache_attention_tiled)
+  elif spec.blockwise(S):  # a prefill chunk over the cache, tiled (attention.tiled_cache_attention)
     tile = min(spec.attention_block, S)
     scores = b((B, H, T * tile), ("batch", "heads", None)) + 2 * b((B, H, T), ("batch", "heads", "length"))
-  else:  # scores, masked scores, exponentials and probabilities over the whole cache (transformer._attention)
+  else:  # scores, masked scores, exponentials and probabilities over the whole cache (attention.cache_attention)
     scores = 2 * b((B, H, T, S), ("batch", "heads", "length", "cache_length"))
   mlp = b((B, T, F), ("batch", "length", "mlp"))
   return 4 * hidden + 3 * q + 4 * kv + 2 * scores + mask + 3 * mlp

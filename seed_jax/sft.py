@@ -29,7 +29,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seed_jax import packing, records, stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
-from seed_jax.config import check_choice
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.infra.metrics import MetricsWriter
@@ -221,13 +220,6 @@ def export(params, spec: ModelSpec, tok: tokenizer_lib.Tokenizer, out_dir: str) 
   tok.hf.save_pretrained(out_dir)
 
 
-def _check(cfg: ml_collections.ConfigDict) -> None:
-  for field in ("epochs", "batch_size", "max_len", "min_len_bucket", "micro_rows", "vocab_chunk"):
-    if not cfg[field] >= 1:
-      raise ValueError(f"config.sft.{field}={cfg[field]!r} must be >= 1")
-  check_choice("sft.schedule", cfg.schedule)
-
-
 def _on_mesh(tree, mesh):
   """Leaves not yet placed on `mesh` (step counters, optimizer counts) replicated on it, so the first step's
   outputs have the same shardings as its inputs and the step compiles once."""
@@ -240,8 +232,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
   """SFT with Orbax checkpoints (a restart resumes at the last saved step); exports the result as an HF folder.
   `mesh` defaults to config.mesh.shape over all devices. Returns {"metrics": final stats, "state": train state,
   "export_dir": folder}."""
-  sc = cfg.sft
-  _check(sc)
+  sc = cfg.sft  # its values are config.validate's
   data_path = sc.data or os.path.join(workdir, stage1.RECORDS_FILE)
   export_dir = sc.export_dir or os.path.join(workdir, "export")
   mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))

@@ -11,18 +11,13 @@ import ast
 import dataclasses
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import ml_collections
 
 from seed_jax import templates
 from seed_jax.envs.base import TASK_LINE_PREFIX, TURN_LINE_PREFIX, Trajectory
-
-if TYPE_CHECKING:
-  from seed_jax.analyzers import Analyzer
-
-SKILL_FIELD = "episode_skill"
-SUMMARY_FIELD = "episode_summary"
+from seed_jax.templates import SKILL_FIELD, SUMMARY_FIELD
 SKILL_BLOCK_PREFIX = "Skill from experience: "  # how the default skill block starts
 
 
@@ -287,6 +282,13 @@ def augment_prompt(prompt_text: str, skill: str | None, skill_at: int | None = N
 
 # ----------------------------------------------------------------------------------------------------------
 # A batch of trajectories through one backend
+
+
+class Analyzer(Protocol):
+  """A backend of seed_jax.analyzers."""
+  def analyze(self, prompts: list[str]) -> list[str]:
+    """Raw replies, one per prompt ("" when a reply could not be obtained)."""
+    ...
 
 
 @dataclasses.dataclass

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import analyzers, sft_oracle, skills
+from seed_jax.config import sampling
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -97,7 +98,7 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   family = get_family(cfg.env.name)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
-  sp = SamplingParams(cc.temperature, cfg.rollout.top_k, cc.top_p, cc.max_new_tokens)
+  sp = SamplingParams(*sampling(cfg, "collect"))
   generate = sampler.rollout_fn(params, sp, [tok.encode(s) for s in cfg.rollout.stop_strings])
   K, per = cc.rollouts, min(cc.tasks_per_batch, len(pending))
   n_traj = n_ok = n_steps = 0
@@ -153,15 +154,13 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     analyzer = analyzers.ExternalAnalyzer(cfg.analyzer.external)
     return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
   if ac.analyzer == "local":
-    if not ac.local_model_path:
-      raise ValueError("annotate.analyzer='local' needs annotate.local_model_path (HF folder, .gguf or 'embedded')")
     mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
     spec, params = weights.load_model(ac.local_model_path, mesh)
     spec = spec.with_attention(cfg.model)
     ltok = tokenizer_lib.load_tokenizer(ac.local_model_path)
     sampler = Sampler(spec, ltok.eos_ids, SamplerConfig(max_prompt_len=ac.max_prompt_tokens,
                                                         max_batch=ac.local_max_batch, dtype=ac.local_dtype), mesh)
-    sp = SamplingParams(temperature=0.0, max_new_tokens=ac.local_max_new_tokens)
+    sp = SamplingParams(*sampling(cfg, "annotate"))
     analyzer = analyzers.PolicyAnalyzer(
         lambda texts: sampler.generate_text(params, texts, jax.random.key(cfg.seed), sp, ltok))
     # Prompts must fit both the SFT'd policy and the annotating model.
@@ -174,11 +173,7 @@ def annotate(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[st
   """Analyses every collected trajectory (env errors and empty episodes excluded) with the chosen analyzer,
   logs each reply, and writes the records whose reply parses with a non-empty skill. `mesh` (the "local"
   analyzer's) defaults to config.mesh.shape over all devices."""
-  ac = cfg.annotate
-  if ac.analyzer not in ANALYZERS:
-    raise ValueError(f"annotate.analyzer={ac.analyzer!r}; allowed: {ANALYZERS}")
-  if ac.chunk < 1 or ac.max_prompt_tokens < 1:
-    raise ValueError(f"annotate.chunk={ac.chunk} and annotate.max_prompt_tokens={ac.max_prompt_tokens} must be >= 1")
+  ac = cfg.annotate  # its values are config.validate's
   in_path = ac.input or os.path.join(workdir, TRAJECTORIES_FILE)
   log_path = ac.log or os.path.join(workdir, ANNOTATIONS_FILE)
   out_path = ac.output or os.path.join(workdir, RECORDS_FILE)

@@ -54,7 +54,8 @@ def test_every_config_module_is_found():
 @pytest.mark.parametrize("name", CONFIG_MODULES)
 def test_loading_a_config_imports_no_seed_jax_module(name, tmp_path):
   variants = _accepted_variants(importlib.import_module(name))
-  if name.startswith("configs.") and name.count(".") == 1 and name not in ("configs.base", "configs.stage1", "configs.vl"):
+  if name.startswith("configs.") and name.count(".") == 1 and name not in ("configs.base", "configs.stage1", "configs.variants",
+                                                                                  "configs.vl"):
     assert "" in variants, name  # every run config has a default variant
   code = f"""
       import importlib, json, sys
@@ -124,3 +125,28 @@ def test_main_runs_from_any_directory(tiny_model_dir, tmp_path):
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr
   assert res.stdout  # the decoded text (random weights: any tokens) and its newline
+
+
+def test_an_unknown_variant_is_named_with_the_known_ones():
+  from configs import generate, sokoban
+  with pytest.raises(ValueError) as e:
+    sokoban.get_config("paper,nope")
+  assert str(e.value) == ("unknown variant 'nope' of configs/sokoban.py; known: '', 'annotate', 'collect', 'paper', "
+                          "'sft', 'vl', 'warmstart'")
+  with pytest.raises(ValueError, match="unknown variant 'paper' of configs/generate.py; known: ''$"):
+    generate.get_config("paper")
+
+
+def test_variants_apply_left_to_right_after_the_sizing():
+  """"paper" sizes the config wherever it is named; the other overlays follow in the order given."""
+  from configs import textworld_express as twx, variants
+  assert twx.get_config("sft,paper").to_dict() == twx.get_config("paper,sft").to_dict()
+  assert twx.get_config("sft,paper").sft.dtype == "bfloat16"
+  order = []
+  table = {"a": lambda c, paper: order.append(("a", paper)), "b": lambda c, paper: order.append(("b", paper)),
+           "paper": lambda c, paper: order.append(("paper", paper))}
+  variants.build("b,paper,a", "x", base.get_base(), lambda c: order.append("cpu"), table)
+  assert order == [("paper", True), ("b", True), ("a", True)]
+  order.clear()
+  variants.build("a,b", "x", base.get_base(), lambda c: order.append("cpu"), table)
+  assert order == ["cpu", ("a", False), ("b", False)]

@@ -20,10 +20,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from seed_jax.config import load_mesh_preset  # reads configs/mesh/<name>.py by path
-
-MESH_AXES = ("data", "fsdp", "tensor")
-MEMORY_KINDS = ("device", "pinned_host")
+from seed_jax.config import CHOICES, MESH_AXES, load_mesh_preset  # presets: configs/mesh/<name>.py, by path
 
 # logical axis -> mesh axes it is sharded over (in order); None: replicated. Every logical name used anywhere
 # must have an entry (logical_to_spec rejects unknown names), so a new weight cannot silently replicate.
@@ -47,9 +44,6 @@ RULES: dict[str, tuple[str, ...] | None] = {
 def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The mesh config with its preset (if any) applied: the preset's fields replace the given ones."""
   mc = ml_collections.ConfigDict(mc.to_dict())
-  if mc.ref_params_memory not in MEMORY_KINDS:
-    raise ValueError(f"config.mesh.ref_params_memory={mc.ref_params_memory!r} is not allowed; choose one of "
-                     f"{MEMORY_KINDS}")
   if mc.get("preset"):
     preset = load_mesh_preset(mc.preset)
     mc.shape, mc.dcn_shape = tuple(preset.shape), tuple(preset.dcn_shape)
@@ -57,15 +51,9 @@ def resolve(mc: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def resolve_shape(shape: Sequence[int], n_devices: int, dcn_shape: Sequence[int] = (1, 1, 1)) -> tuple[int, ...]:
-  """The per-slice shape with -1 filled in, checked against the device count (clear errors naming both)."""
+  """The per-slice shape with -1 filled in, checked against the device count (clear errors naming both); the
+  shapes as values are config.validate's (check_mesh_shapes)."""
   shape, dcn = list(shape), list(dcn_shape)
-  for name, s in (("mesh.shape", shape), ("mesh.dcn_shape", dcn)):
-    if len(s) != len(MESH_AXES):
-      raise ValueError(f"{name} must have {len(MESH_AXES)} entries for axes {MESH_AXES}, got {s}")
-  if shape.count(-1) > 1:
-    raise ValueError(f"mesh.shape may contain at most one -1, got {shape}")
-  if any(s < 1 for s in dcn) or any(s < 1 and s != -1 for s in shape):
-    raise ValueError(f"mesh sizes must be positive (mesh.shape may use one -1): shape {shape}, dcn_shape {dcn}")
   slices = math.prod(dcn)
   if n_devices % slices:
     raise ValueError(f"mesh.dcn_shape {dcn} asks for {slices} slices, which does not divide the {n_devices} devices")
@@ -152,8 +140,8 @@ def with_memory_kind(tree: Any, memory_kind: str) -> Any:
   """The same arrays (same shardings) moved to `memory_kind`: "pinned_host" keeps them in host RAM, out of
   accelerator memory; "device" brings them back for computation. XLA:CPU has both kinds too, so the move
   is real there, but on a CPU both live in the same RAM: it saves nothing."""
-  if memory_kind not in MEMORY_KINDS:
-    raise ValueError(f"memory kind must be one of {MEMORY_KINDS}, got {memory_kind!r}")
+  if memory_kind not in CHOICES["mesh.ref_params_memory"]:
+    raise ValueError(f"memory kind must be one of {CHOICES['mesh.ref_params_memory']}, got {memory_kind!r}")
   return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind(memory_kind)), tree)
 
 

@@ -18,6 +18,9 @@ from typing import Any, Mapping
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 PLACEMENTS = ("after_task", "before_turn", "placeholder")  # config.templates.skill_placement
+# The analysis reply's fixed keys (seed_jax.skills parses them); every analysis template must name both.
+SKILL_FIELD = "episode_skill"
+SUMMARY_FIELD = "episode_summary"
 
 _STEP = ("task_description", "step_count", "history_length", "action_history", "current_step", "current_observation",
          "admissible_actions", "available_actions", "turn_line", "skill")
@@ -135,7 +138,6 @@ def skill_placement() -> str:
 
 def check(tcfg: Mapping[str, Any], env: str = "") -> None:
   """Loads and test-renders every template of a run in `env` ("" = none: step prompts are skipped unless set)."""
-  from seed_jax.skills import SKILL_FIELD, SUMMARY_FIELD  # the reply's fixed keys; skills imports this module
   sel = Selection.from_config(tcfg)
   loaded = {}
   for kind in KINDS:

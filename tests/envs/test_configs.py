@@ -8,7 +8,8 @@ from helpers import FIXTURES, REPO
 from seed_jax import config as config_lib
 from seed_jax.envs import _MODULES, get_family
 
-ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate", "stage1", "vl"))
+ENV_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem not in ("__init__", "base", "generate", "stage1", "variants",
+                                                                                  "vl"))
 # env -> (tasks per update B, group size G, max_steps, history_length) of the paper variant
 PAPER = {
     "alfworld": (16, 8, 30, 5),
