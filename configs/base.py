@@ -71,7 +71,7 @@ def get_base() -> ml_collections.ConfigDict:
   a.start_update = 0  # OPD active from this update ...
   a.stop_update = -1  # ... until this one (exclusive); -1 = to the end
 
-  # Prompt templates (README, "Prompt templates"): one text file each, with str.format placeholders such as
+  # Prompt templates (docs/templates.md): one text file each, with str.format placeholders such as
   # {current_observation}; "" = the packaged default in seed_jax/templates/. A bad file, an unknown placeholder or
   # a missing required one is a config error at start-up.
   t = c.templates = ml_collections.ConfigDict()

@@ -54,9 +54,9 @@ def env_config() -> ml_collections.ConfigDict:
   c.panel_seed = 0  # seed of the fixed dev/eval variation samples
   c.gold_path = False  # generate the gold path at every reset (seconds per load); off = on demand
   c.step_timeout_s = 60.0  # pool deadline of one step
-  c.reset_timeout_s = 180.0  # pool deadline of one reset / gold-path call (gold paths can take ~10 s)
+  c.reset_timeout_s = 180.0  # pool deadline of one reset / gold-path call (a gold path is a search)
   c.start_timeout_s = 120.0  # extra time for a fresh worker to start its JVM
-  # Options for each simulator JVM. The serial collector halves a JVM's memory (~750 -> ~390 MB after a
-  # few hundred steps) at no step-time cost; many JVMs share few cores, so parallel GC threads only contend.
+  # Options for each simulator JVM. The serial collector about halves a JVM's memory at no step-time
+  # cost (docs/benchmarks.md); many JVMs share few cores, so parallel GC threads only contend.
   c.jvm_options = "-XX:+UseSerialGC"
   return c

@@ -7,7 +7,7 @@ Instances are (task type, variation, simplifications). Panels:
   eval_l2  held-out task types x a fixed sample of their test variations (L2: unseen task types)
 Reward 10 when the task is completed with score 100, else 0; the score (0..100, negative on failure) is in
 info. The prompt shows the action templates and the visible objects, not the thousands of valid
-object combinations (which cost ~40 ms per step to list).
+object combinations (listing them costs more than the step itself).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _java_tool_options(options: str) -> Iterator[None]:
 class SciWorldEnv:
   """One ScienceWorld simulator (its own JVM). Steps call the simulator directly with only what the prompt
   needs (observation, score, completion, visible objects): the package's `step` also lists every valid
-  action combination, look and inventory (~45 ms more per step)."""
+  action combination, look and inventory, which the prompt never shows."""
 
   def __init__(self, cfg: Any):
     from scienceworld import ScienceWorldEnv  # imported here: workers build envs, drivers need not

@@ -1,4 +1,4 @@
-"""TextWorldExpress (`textworld-express` 1.1.0, a JVM simulator with ~1 ms steps): the fast environment for
+"""TextWorldExpress (`textworld-express` 1.1.0, a JVM simulator with fast steps): the fast environment for
 tests and CPU runs.
 
 Games: coin, cookingworld, twc, mapreader, arithmetic, sorting, simonsays, peckingorder. A game instance is
