@@ -21,8 +21,8 @@ def main() -> None:
   import jax
   import jax.numpy as jnp
   from seed_jax.models import transformer as tf
-  from seed_jax.models import weights
-  spec, _ = weights.load_model("embedded")
+  from seed_jax.models import load
+  spec, _ = load.load_model("embedded")
   params = jax.eval_shape(lambda: tf.init_params(spec, 0))  # shapes only: nothing is allocated or run
   tokens = jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32)
   out = dict(bench="attention_memory", model="SmolLM2-135M", batch=a.batch, seq=a.seq, dtype="float32")

@@ -24,8 +24,8 @@ TORCH_THREADS = 2
 def export_embedded(out_dir: str):
   """Writes the embedded SmolLM2-135M-Instruct (GGUF) as an HF folder (config.json + safetensors); returns
   its ModelSpec."""
-  from seed_jax.models import weights
-  spec, params = weights.load_model("embedded")
+  from seed_jax.models import load, weights
+  spec, params = load.load_model("embedded")
   weights.export_hf(params, spec, out_dir)
   return spec
 

@@ -97,8 +97,8 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--runs", type=int, default=5)
   a = p.parse_args()
-  from seed_jax.models import weights
-  spec, _ = weights.load_model("embedded")  # config.model.attention="auto": packed rows as the pipeline runs them
+  from seed_jax.models import load
+  spec, _ = load.load_model("embedded")  # config.model.attention="auto": packed rows as the pipeline runs them
   load_start = common.load_avg()
   out = dict(bench="packed_attention", cpu=common.cpu_model(), model="SmolLM2-135M", runs=a.runs,
              matmul_peak_gflops=round(common.matmul_peak_gflops(), 1))

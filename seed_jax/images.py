@@ -3,11 +3,13 @@
 A step prompt names its frame with one `<image>` placeholder in the text. `VLTokenizer.encode_chat` puts
 Qwen2.5-VL's vision tokens there (<|vision_start|>, one <|image_pad|> per merged 2x2 patch unit of the frame's
 processed grid, <|vision_end|>), as the checkpoint's chat template and processor do. Frames stay uint8 in the
-trajectory; `ImageCodec` preprocesses them (models/image_processing.py, cached per frame) and `layout_images`
-builds the `vlm.ImageBatch` of one jitted call from where its sequences sit in the call's token rows.
+trajectory; the tokenizer's `ImageCodec` turns each into an `Image` (models/image_processing.py, cached per
+frame), the data the samples and mini-batches carry, and `layout_images` builds the `vlm.ImageBatch` of one
+jitted call from where its sequences sit in the call's token rows.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,12 +32,23 @@ def frame_key(frame: np.ndarray) -> tuple:
   return frame.shape, hashlib.blake2b(np.ascontiguousarray(frame).tobytes(), digest_size=16).digest()
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Image:
+  """A frame prepared for the policy: the processor's patches [N, patch_dim] and grid, its content key and the
+  checkpoint's VL spec (placeholder id, tower settings) that places it in a call's rows. Samples and
+  mini-batches carry these, so nothing after the tokenizer needs the codec."""
+  patches_NP: np.ndarray
+  grid: Grid
+  key: tuple
+  vls: vlm.VLSpec
+
+
 class ImageCodec:
   """A VL checkpoint's image side: its spec's token ids and merge size and its processor's pixel bounds."""
 
   def __init__(self, vls: vlm.VLSpec, processor: image_processing.ImageProcessorConfig):
     self.vls, self.processor = vls, processor
-    self._cache: dict[tuple, tuple[np.ndarray, Grid]] = {}
+    self._cache: dict[tuple, Image] = {}
 
   @classmethod
   def from_folder(cls, path: str) -> "ImageCodec":
@@ -49,18 +62,23 @@ class ImageCodec:
         cfg = image_processing.ImageProcessorConfig.from_hf_config(json.load(f))
     return cls(vls, cfg)
 
-  def patches(self, frame: np.ndarray) -> tuple[np.ndarray, Grid]:
-    """The processor's patches [N, patch_dim] and grid of a uint8 [H, W, 3] frame (resized into the pixel
-    bounds; deterministic, so a frame reattached later gives the same numbers)."""
+  def image(self, frame: np.ndarray) -> Image:
+    """The Image of a uint8 [H, W, 3] frame (resized into the pixel bounds; deterministic, so a frame
+    reattached later gives the same numbers)."""
     key = frame_key(frame)
     if key not in self._cache:
       if len(self._cache) >= _CACHE_FRAMES:
         self._cache.clear()
-      self._cache[key] = image_processing.preprocess(frame, self.processor)
+      self._cache[key] = Image(*image_processing.preprocess(frame, self.processor), key, self.vls)
     return self._cache[key]
 
+  def patches(self, frame: np.ndarray) -> tuple[np.ndarray, Grid]:
+    """The processor's patches [N, patch_dim] and grid of a frame."""
+    img = self.image(frame)
+    return img.patches_NP, img.grid
+
   def num_tokens(self, frame: np.ndarray) -> int:
-    return vision.num_merged(self.vls.vision, self.patches(frame)[1])
+    return vision.num_merged(self.vls.vision, self.image(frame).grid)
 
 
 class VLTokenizer(Tokenizer):
@@ -86,20 +104,35 @@ class VLTokenizer(Tokenizer):
     return self.encode(text.replace(IMAGE_PLACEHOLDER, vision_tokens))
 
 
-# (row, first column, prompt ids, response ids, frame or None): one sequence of a call's token rows.
-Segment = tuple[int, int, Sequence[int], Sequence[int], "np.ndarray | None"]
+def prepare(tokenizer: Tokenizer, frames: Sequence | None) -> list[Image | None] | None:
+  """One Image (or None) per uint8 frame (or None), from the tokenizer's codec; None without frames."""
+  if frames is None or all(f is None for f in frames):
+    return None
+  if not isinstance(tokenizer, VLTokenizer):
+    raise ValueError("samples with images need a vision-language policy (config.model.path); or set "
+                     "config.env.observation='text'")
+  return [None if f is None else tokenizer.codec.image(f) for f in frames]
 
 
-def patch_bucket(codec: ImageCodec, segments: Sequence[Segment]) -> int:
-  """The padded patch count `layout_images` gives these segments (0 without frames): a power of two from
-  MIN_PATCH_BUCKET holding the distinct frames' patches."""
-  distinct = {frame_key(f): f for *_, f in segments if f is not None}
-  n = sum(len(codec.patches(f)[0]) for f in distinct.values())
+# (row, first column, prompt ids, response ids, Image or None): one sequence of a call's token rows.
+Segment = tuple[int, int, Sequence[int], Sequence[int], "Image | None"]
+
+
+def spec_of(images: Sequence["Image | None"]) -> vlm.VLSpec | None:
+  """The VL spec of the first of `images` that is an Image (None: no image)."""
+  return next((img.vls for img in images if img is not None), None)
+
+
+def patch_bucket(segments: Sequence[Segment]) -> int:
+  """The padded patch count `layout_images` gives these segments (0 without images): a power of two from
+  MIN_PATCH_BUCKET holding the distinct images' patches."""
+  distinct = {img.key: img for *_, img in segments if img is not None}
+  n = sum(len(img.patches_NP) for img in distinct.values())
   return max(MIN_PATCH_BUCKET, 1 << (n - 1).bit_length()) if n else 0
 
 
-def layout_images(codec: ImageCodec, rows: int, length: int, segments: Sequence[Segment],
-                  patches: int = 0) -> vlm.ImageBatch | None:
+def layout_images(rows: int, length: int, segments: Sequence[Segment], patches: int = 0,
+                  vls: vlm.VLSpec | None = None) -> vlm.ImageBatch | None:
   """The ImageBatch of a call whose token rows are [rows, length]; None when no sequence has a frame.
 
   Each segment is its own position run from 0: its prompt's M-RoPE positions (vlm.rope_index), then its
@@ -107,26 +140,26 @@ def layout_images(codec: ImageCodec, rows: int, length: int, segments: Sequence[
   feature rows (an image token the policy sampled is an ordinary token). Equal frames share one set of rows
   (a step's ordinary and skill contexts, a group's first frames): the tower encodes each distinct frame once.
   Patches are padded to a power of two (or to `patches`, so micro-batches stacked by `stack_batches` share one
-  count) by one blank image whose rows nothing reads. Tokens outside the segments (padding) get position 0."""
-  vls = codec.vls
+  count) by one blank image whose rows nothing reads (`vls`: the images' spec, for segments that have none).
+  Tokens outside the segments (padding) get position 0."""
+  vls = spec_of([s[-1] for s in segments]) or vls
   index = np.full((rows, length), -1, np.int32)
   positions = np.zeros((rows, 3, length), np.int32)
   pixels, grids, first_row = [], [], {}
   n_rows = 0
-  for r, c, prompt, response, frame in segments:
+  for r, c, prompt, response, img in segments:
     prompt = np.asarray(prompt, np.int32)
     P, R = len(prompt), len(response)
-    if frame is None:
+    if img is None:
       positions[r, :, c:c + P + R] = np.arange(P + R)
       continue
-    patches_NP, grid = codec.patches(frame)
-    key = frame_key(frame)
+    key = img.key
     if key not in first_row:
       first_row[key] = n_rows
-      pixels.append(patches_NP)
-      grids.append(grid)
-      n_rows += vision.num_merged(vls.vision, grid)
-    pos_3BT, delta_B = vlm.rope_index(vls, prompt[None], [grid])
+      pixels.append(img.patches_NP)
+      grids.append(img.grid)
+      n_rows += vision.num_merged(vls.vision, img.grid)
+    pos_3BT, delta_B = vlm.rope_index(vls, prompt[None], [img.grid])
     positions[r, :, c:c + P] = pos_3BT[:, 0]
     positions[r, :, c + P:c + P + R] = P + int(delta_B[0]) + np.arange(R)
     is_image = prompt == vls.image_token_id
@@ -142,15 +175,15 @@ def layout_images(codec: ImageCodec, rows: int, length: int, segments: Sequence[
                         index_BT=index, positions_B3T=positions)
 
 
-def micro_batched(codec: ImageCodec, rows: int, length: int,
-                  segments: Sequence[Sequence[Segment]]) -> vlm.ImageBatch | None:
+def micro_batched(rows: int, length: int, segments: Sequence[Sequence[Segment]]) -> vlm.ImageBatch | None:
   """One ImageBatch per group of `rows` rows (a micro-batch of the update), all padded to one patch count and
   concatenated along every leaf's leading axis, so the update's per-micro-batch split gives each group its own
   images with its own feature-row indices. segments[g]: group g's, rows local to the group. None without
-  frames."""
+  images."""
   import jax
-  patches = max((patch_bucket(codec, segs) for segs in segments), default=0)
+  patches = max((patch_bucket(segs) for segs in segments), default=0)
   if not patches:
     return None
-  batches = [layout_images(codec, rows, length, segs, patches) for segs in segments]
+  vls = spec_of([s[-1] for segs in segments for s in segs])
+  batches = [layout_images(rows, length, segs, patches, vls) for segs in segments]
   return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)

@@ -20,12 +20,12 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, du
 
 def generate_once(cfg) -> str:
   import jax
-  from seed_jax.models import tokenizer as tokenizer_lib, weights
+  from seed_jax.models import load
   from seed_jax.config import sampling
   from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
-  spec, params = weights.load_model(cfg.model.path)
+  spec, params = load.load_model(cfg.model.path)
   spec = spec.with_attention(cfg.model)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
   sp = SamplingParams(*sampling(cfg, "generate"))
@@ -75,7 +75,7 @@ def main(argv):
     try:
       if distributed.initialize(cfg.distributed):
         sys.exit(f"multi-host error: stage {cfg.stage!r} runs on one process (this job has several); only "
-                 "stage 'rl' runs multi-host (README: Pods)")
+                 "stage 'rl' runs multi-host (docs/pods.md)")
     except distributed.SetupError as e:
       sys.exit(f"multi-host error: {e}")
   if cfg.stage == "generate":
@@ -87,6 +87,7 @@ def main(argv):
   from seed_jax import loop
   from seed_jax.infra import distributed, preflight
   from seed_jax.infra.checkpoint import CheckpointWriteError
+  from seed_jax.runtime import ConfigError
   suffix = "-eval" if cfg.stage == "eval" else ""
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}")
   print(f"seed_jax: workdir {os.path.abspath(workdir)}")
@@ -101,6 +102,8 @@ def main(argv):
     sys.exit(f"checkpoint error: {e}")
   except distributed.SetupError as e:
     sys.exit(f"multi-host error: {e}")
+  except ConfigError as e:  # a value the build found wrong against the checkpoint, the devices or the env
+    sys.exit(f"config error: {e}")
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop
     exit_after_stop(out, workdir)
@@ -112,6 +115,7 @@ def main(argv):
 
 def run_eval(cfg, workdir: str) -> None:
   from seed_jax import evaluate
+  from seed_jax.runtime import ConfigError
   from seed_jax.infra import preflight
   try:
     results = evaluate.run(cfg, workdir)
@@ -119,6 +123,8 @@ def run_eval(cfg, workdir: str) -> None:
     sys.exit(f"workdir error: {e}")
   except evaluate.EvalSourceError as e:
     sys.exit(f"eval error: {e}")
+  except ConfigError as e:
+    sys.exit(f"config error: {e}")
   print(evaluate.markdown(results), end="")
   print(f"seed_jax: eval done. {os.path.join(workdir, evaluate.RESULTS)}.{{json,md}}")
 

@@ -9,16 +9,19 @@ per-sample layout the loss reads, so nothing downstream changes.
 The row length is a setting (learner.pack_length, rescore.pack_length), varied per batch from half of it to 4/3
 (row_lengths) to leave the least padding: long enough for several step-samples per row; attention skips the
 tiles between segments (models/attention.py), so a longer row costs no more attention. Row, group and slot counts
-come from a geometric set, so a run compiles few programs (an XLA:CPU compile of the update took 8-106 s here).
+come from a geometric set, so a run compiles few programs. With several processes `agreed_layout` raises every
+process's layout to the shapes of the largest, the one protocol the re-score and the update's mini-batches share.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from seed_jax.buckets import TokenCount
+from seed_jax.infra import distributed
 from seed_jax.models.logprobs import PackedRows
 
 
@@ -123,10 +126,35 @@ def resized(layout: Layout, length: int, groups: int, rows_per_group: int, slots
   return Layout(length, layout.groups + ((),) * (groups - len(layout.groups)), rows_per_group, slots_per_group)
 
 
+@dataclasses.dataclass(frozen=True)
+class Agreed:
+  """A layout in the shapes every process uses: `live` groups hold a sequence on some process (the rest are
+  group-count padding everywhere), `resp_len` is the largest response bucket, and `first_row` is this
+  process's first row of each group's global rows."""
+  layout: Layout
+  resp_len: int
+  live: int
+  first_row: int
+
+
+def agreed_layout(lengths: Sequence[int], *, length: int, group_tokens: int, resp_len: int, mesh=None) -> Agreed:
+  """plan_layout of this process's sequences, its shapes then raised to the largest over processes (resized),
+  so every process's passes over the groups are one collective program. `group_tokens` is the global budget
+  of one group, shared by the processes; rows and slots come in multiples of this process's data-parallel
+  shards. Every process calls it at the same point (with no sequences too)."""
+  data, procs = (1, 1) if mesh is None else (distributed.local_dp(mesh), jax.process_count())
+  layout = plan_layout(lengths, length=length, group_tokens=group_tokens // procs, row_multiple=data)
+  G, W, S, L, R, live = distributed.agree_max(len(layout.groups), layout.rows_per_group, layout.slots_per_group,
+                                              layout.length, resp_len, sum(1 for g in layout.groups if g))
+  first_row = 0 if mesh is None else distributed.row_block(mesh, W * procs)[0]
+  return Agreed(resized(layout, L, G, W, S), R, live, first_row)
+
+
 def fill_rows(layout: Layout, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-              resp_len: int) -> tuple[PackedRows, np.ndarray, np.ndarray, np.ndarray]:
-  """Numpy arrays of the layout: PackedRows (rows [G*W, L]; slots' row indices local to their group),
-  responses resp_SR / rmask_SR in slot order, and slot_of_N (sequence n's slot, in [0, G*S))."""
+              resp_len: int, first_row: int = 0) -> tuple[PackedRows, np.ndarray, np.ndarray, np.ndarray]:
+  """Numpy arrays of the layout: PackedRows (rows [G*W, L]; slots' row indices local to their group, from
+  `first_row`: this process's first of the group's global rows), responses resp_SR / rmask_SR in slot order,
+  and slot_of_N (sequence n's slot, in [0, G*S))."""
   G, W, S, L, R = len(layout.groups), layout.rows_per_group, layout.slots_per_group, layout.length, resp_len
   tokens, positions, segment = (np.zeros((G * W, L), np.int32) for _ in range(3))
   row_S = np.zeros((G * S,), np.int32)
@@ -142,7 +170,7 @@ def fill_rows(layout: Layout, prompts: Sequence[Sequence[int]], responses: Seque
         p, q = prompts[n], responses[n]
         m = len(p) + len(q)
         tokens[r, a:a + m], positions[r, a:a + m], segment[r, a:a + m] = list(p) + list(q), np.arange(m), seg
-        row_S[slot] = w
+        row_S[slot] = first_row + w
         col_SR[slot, :len(q)] = a + len(p) - 1 + np.arange(len(q))  # hidden at t predicts token t + 1
         resp_SR[slot, :len(q)], rmask_SR[slot, :len(q)] = q, True
         slot_of[n] = slot
@@ -163,16 +191,16 @@ def in_slots(values_N: Sequence, slot_of_N: np.ndarray, slots: int, fill, dtype,
 
 
 def segments(layout: Layout, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-             frames: Sequence) -> list[list[tuple]]:
+             images: Sequence) -> list[list[tuple]]:
   """Per group, where each sequence sits (as fill_rows places it): (row within the group, first column, prompt,
-  response, frame) for images.layout_images."""
+  response, image) for images.layout_images."""
   out = []
   for group in layout.groups:
     segs = []
     for w, members in enumerate(group):
       a = 0
       for n in members:
-        segs.append((w, a, prompts[n], responses[n], frames[n]))
+        segs.append((w, a, prompts[n], responses[n], images[n]))
         a += len(prompts[n]) + len(responses[n])
     out.append(segs)
   return out

@@ -12,10 +12,10 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, losses, packing, report, shares, skills
+from seed_jax import advantages, analyzers, losses, report, shares, skills
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
-from seed_jax.buckets import TokenCount, bucket, pow2_sizes
+from seed_jax.buckets import TokenCount
 from seed_jax.config import sampling
 from seed_jax.envs.base import Trajectory
 from seed_jax.infra import distributed
@@ -166,56 +166,27 @@ def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> li
 
 
 def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, skill_logp, key):
-  """ppo_epochs passes over shuffled mini-batches; update/* metrics are means over the optimizer steps. Also
-  returns the token positions the steps computed (padded: rows x (Pn + R) per step, both contexts with teacher
-  "current"; packed: the packed rows) against the real rows' prompt and response lengths.
-
-  `keys` (shares.step_keys) place this process's samples in the canonical order the mini-batches are drawn
-  over; each process lays out its members of a mini-batch (shapes agreed over processes) as its share of every
-  micro-batch (distributed.grouped_global_batch)."""
+  """ppo_epochs passes over shuffled mini-batches (batch.minibatches lays them out); update/* metrics are means
+  over the optimizer steps. Also returns the token positions the steps computed against the real rows' prompt
+  and response lengths. `keys` (shares.step_keys) place this process's samples in the canonical order the
+  mini-batches are drawn over."""
   cfg = rt.cfg
-  micro, procs = cfg.learner.micro_batch_size, jax.process_count()
-  micro_l = max(1, micro // procs)  # this process's rows of a padded micro-batch
-  skill_prompts = rt.teacher.update_reads_skill_prompts
-  pack = cfg.learner.pack_length > 0 and not skill_prompts  # teacher "current" scores both contexts in the padded layout
-  Pn, R, R_pack = distributed.agree_max(*batch_lib.shapes_for(samples, with_skill=skill_prompts), bucket(
-      max(map(len, samples.responses), default=1), pow2_sizes(16, max(16, cfg.rollout.max_new_tokens)),
-      "response length"))
   draw = shares.MinibatchDraw(keys)
   per = min(cfg.learner.minibatch_size, draw.total)
-  sums_all: dict[str, float] = {}
   rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 2))).ravel().tolist())
+  ready = batch_lib.minibatches(
+      samples, draw.minibatches(rng, per, cfg.learner.ppo_epochs), per, mesh=rt.mesh,
+      micro_batch_size=cfg.learner.micro_batch_size, pack_length=rt.teacher.update_pack_length,
+      max_response_len=cfg.rollout.max_new_tokens, with_skill_prompts=rt.teacher.update_reads_skill_prompts,
+      pad_id=rt.tokenizer.pad_id, adv_N=adv_N, old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp)
+  sums_all: dict[str, float] = {}
   n_steps = 0
   tokens = TokenCount()
-  for idx in draw.minibatches(rng, per, cfg.learner.ppo_epochs):
-    if pack:
-      layout = packing.plan_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx],
-                                   length=cfg.learner.pack_length, group_tokens=micro * (Pn + R) // procs,
-                                   row_multiple=distributed.local_dp(rt.mesh))
-      G, W, S, L = distributed.agree_max(len(layout.groups), layout.rows_per_group, layout.slots_per_group,
-                                         layout.length)
-      layout = packing.resized(layout, L, G, W, S)
-      mb, t = batch_lib.packed_minibatch(samples, idx, layout, R_pack, adv_N=adv_N, old_logp=old_logp,
-                                         ref_logp=ref_logp, skill_logp=skill_logp, codec=rt.codec)
-      r0 = distributed.row_block(rt.mesh, W * procs)[0]  # this process's first row of each micro-batch
-      mb = mb.replace(packed=mb.packed.replace(row_S=mb.packed.row_S + r0))
-      shape = ("packed", G, W, L, S, R_pack)
-    else:
-      # Padded to a power-of-two count of micro-batches, at least the count one process would use.
-      (n,) = distributed.agree_max(max(len(idx), -(-per // procs)))
-      rows = micro_l * (1 << (-(-n // micro_l) - 1).bit_length())
-      G = rows // micro_l
-      mb = batch_lib.minibatch(samples, idx, rows, Pn, R, rt.tokenizer.pad_id, adv_N=adv_N,
-                               old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
-                               with_skill_prompts=skill_prompts, codec=rt.codec, micro_batch_size=micro_l)
-      t = batch_lib.minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=skill_prompts)
-      shape = ("padded", rows, Pn, R, skill_prompts)
+  for shape, batch, t in ready:
     tokens.add(t)
-    shape += (0 if mb.images is None else mb.images.pixels_NP.shape[0],)  # image patches
     if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
       log.info("compiling update: %s", " x ".join(map(str, shape)))
-    with jax.set_mesh(rt.mesh):  # [scale] every micro-batch's rows over the data-parallel axes, as global arrays
-      batch = distributed.grouped_global_batch(mb.replace(grouped=True), rt.mesh, G)
+    with jax.set_mesh(rt.mesh):
       state, sums = rt.update_fn(state, batch, jnp.float32(cfg.rollout.temperature))
     for k, v in losses.finalize_metrics(jax.device_get(sums)).items():
       sums_all[k] = sums_all.get(k, 0.0) + float(v)

@@ -70,9 +70,8 @@ class Rescorer:
   With several processes `score` is collective: every process calls it at the same point with its own samples
   (none is fine) and the same number of contexts; shapes are agreed, and each process reads back its rows."""
 
-  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None, codec=None):
+  def __init__(self, spec: ModelSpec, pad_id: int, cfg: RescorerConfig, mesh=None):
     self.spec, self.pad_id, self.cfg, self.mesh = spec, pad_id, cfg, mesh
-    self.codec = codec  # images.ImageCodec of a VL policy
     data, procs = (1, 1) if mesh is None else (distributed.local_dp(mesh), jax.process_count())
     self.row_sizes = pow2_sizes(data, max(cfg.max_rows // procs, data))  # this process's rows per pass
     self.prompt_sizes = pow2_sizes(min(cfg.min_len_bucket, cfg.max_prompt_len), cfg.max_prompt_len)
@@ -84,13 +83,13 @@ class Rescorer:
             temperature: float, with_entropy: bool = False, images: Sequence | None = None
             ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
     """contexts[c][i]: prompt ids of sample i under context c; responses[i]: its response ids; images[i]: the
-    frame of sample i's prompts (None: text), the same under every context.
+    images.Image of sample i's prompts (None: text), the same under every context.
     Returns per-context, per-sample arrays of log-probs and entropies (each of len(responses[i]))."""
     C, N = len(contexts), len(responses)
     if any(len(ctx) != N for ctx in contexts):
       raise ValueError(f"every context needs one prompt per response ({N})")
     images = [None] * N if images is None else list(images)
-    if any(f is not None for f in images) and self.codec is None:
+    if any(f is not None for f in images) and self.spec.vision is None:
       raise ValueError("samples with images need a vision-language policy (config.model.path)")
     if self.cfg.pack_length > 0:
       return self._score_packed(params, contexts, responses, temperature, with_entropy, images)
@@ -116,26 +115,24 @@ class Rescorer:
     frames = [f for _ in contexts for f in images]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
-    data, procs = (1, 1) if self.mesh is None else (distributed.local_dp(self.mesh), jax.process_count())
-    layout = packing.plan_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
-                                 group_tokens=self.cfg.pack_tokens // procs, row_multiple=data)
     R = bucket(max(1, max(map(len, responses), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
-    # Every process's passes take the same shapes: the largest of each; the passes that hold a sequence anywhere.
-    G, W, S, L, R, live = distributed.agree_max(len(layout.groups), layout.rows_per_group, layout.slots_per_group,
-                                                layout.length, R, sum(1 for g in layout.groups if g))
-    layout = packing.resized(layout, L, G, W, S)
-    rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R)
+    # Every process's passes take the same shapes; only the passes that hold a sequence somewhere run.
+    agreed = packing.agreed_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
+                                   group_tokens=self.cfg.pack_tokens, resp_len=R, mesh=self.mesh)
+    layout, R, live = agreed.layout, agreed.resp_len, agreed.live
+    W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
+    rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R, agreed.first_row)
     self.tokens.add(layout.tokens(sum(map(len, prompts)), C * sum(map(len, responses)), R))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
-    segs = packing.segments(layout, prompts, resps, frames) if self.codec is not None else []
-    patches = max((images_lib.patch_bucket(self.codec, s) for s in segs), default=0)  # one count for every pass
+    segs = packing.segments(layout, prompts, resps, frames)
+    patches = max((images_lib.patch_bucket(s) for s in segs), default=0)  # one count for every pass
+    vls = images_lib.spec_of(frames)
     if self.compiles.see(("rescore_packed", W, L, S, R, patches, with_entropy)):
       log.info("compiling rescore: %d packed rows of %d, %d slots, response %d, image patches %d", W, L, S, R,
                patches)
     lp_out, en_out = [], []
-    r0 = 0 if self.mesh is None else distributed.row_block(self.mesh, W * procs)[0]  # this process's first row
     for g in range(len(layout.groups)):
       if g >= live:  # group-count padding on every process: nothing to score
         lp_out.append(np.zeros((S, R), np.float32))
@@ -143,8 +140,8 @@ class Rescorer:
         continue
       part = lambda x, n: x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
-                         part(rows.row_S, S) + r0, part(rows.col_SR, S)), part(resp, S), part(rmask, S))
-      image_batch = images_lib.layout_images(self.codec, W, L, segs[g], patches) if patches else None
+                         part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
+      image_batch = images_lib.layout_images(W, L, segs[g], patches, vls) if patches else None
       if self.mesh is not None:
         args = distributed.global_batch(args, self.mesh)
       with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
@@ -179,9 +176,8 @@ class Rescorer:
                                rows_forwarded=C * B, rows_real=C * N))
     chunk = min(self.cfg.vocab_chunk, R)
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=chunk, with_entropy=with_entropy)
-    image_batch = None if self.codec is None else images_lib.layout_images(
-        self.codec, C * B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
-                                    for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
+    image_batch = images_lib.layout_images(C * B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
+                                                          for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
     patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     if self.compiles.see(("rescore", C, B, Pn, R, patches, with_entropy)):
       log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d, image patches %d", C, B, Pn, R,

@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import ml_collections
 
+from seed_jax import images as images_lib
 from seed_jax.envs import prompting
 from seed_jax.infra import distributed
 from seed_jax.envs.base import EnvError, EnvFamily, Observation, Step, Task, Trajectory
@@ -20,7 +21,7 @@ from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models.tokenizer import Tokenizer
 from seed_jax.sample import Generation
 
-# (prompt token lists, PRNG key, one frame or None per prompt or None, row ids) -> one Generation per prompt
+# (prompt token lists, PRNG key, one images.Image or None per prompt or None, row ids) -> one Generation per prompt
 GenerateFn = Callable[..., list[Generation]]
 
 
@@ -112,8 +113,8 @@ def run_episodes(pool, family: EnvFamily, env_cfg: Any, tasks: Sequence[Task], g
     order = list(prompts)
     t0 = time.perf_counter()
     frames = [frame_of(env_cfg, episodes[i].obs) for i in order]  # what fit_prompt encoded
-    gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t),
-                    frames if any(f is not None for f in frames) else None, [episode_ids[i] for i in order])
+    gens = generate([prompts[i].ids for i in order], jax.random.fold_in(key, t), images_lib.prepare(tokenizer, frames),
+                    [episode_ids[i] for i in order])
     tick("generate_s", t0)
     actions = {}
     for i, gen, frame in zip(order, gens, frames):

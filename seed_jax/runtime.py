@@ -4,6 +4,7 @@ model, tokenizer, sampler, env pool, task panels), which is all the eval stage u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -21,8 +22,8 @@ from seed_jax.envs.base import Task
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
+from seed_jax.models import load
 from seed_jax.models import tokenizer as tokenizer_lib
-from seed_jax.models import weights
 from seed_jax.rescore import Rescorer, RescorerConfig
 from seed_jax.sample import Sampler, SamplerConfig
 
@@ -43,7 +44,6 @@ class Player:
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
   stop_sequences: list[list[int]]
-  codec: images.ImageCodec | None = None  # a vision-language policy's image side (None: text-only)
 
   def close(self):
     self.pool.close()
@@ -87,12 +87,10 @@ def _player_parts(cfg: ml_collections.ConfigDict, learner: bool) -> dict[str, An
   if multi and image_obs:
     raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has "
                                  f"{jax.process_count()}")
-  if image_obs and not weights.is_vision_language(cfg.model.path):
+  if image_obs and not load.is_vision_language(cfg.model.path):
     raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
                      f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "
                      f"point config.model.path at a Qwen2.5-VL folder (or 'embedded-vl')")
-  if learner and image_obs and cfg.learner.teacher != "old":
-    raise ValueError("config.env.observation='image' serves config.learner.teacher='old' only")
   mesh = mesh_lib.mesh_from_config(cfg.mesh)  # [scale] presets, multi-slice, TPU device order
   if multi:  # each process supplies the rows of its own environments
     distributed.check_row_split(mesh)
@@ -101,21 +99,19 @@ def _player_parts(cfg: ml_collections.ConfigDict, learner: bool) -> dict[str, An
       raise distributed.SetupError(
           f"config.learner.micro_batch_size={cfg.learner.micro_batch_size} does not divide over data x fsdp = "
           f"{dp} devices of {jax.process_count()} processes: make it a multiple of {dp}")
-  spec, params = weights.load_model(cfg.model.path, mesh)
+  spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-  codec = None
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   if spec.vision is not None:  # the checkpoint's processor bounds and vision tokens
-    codec = images.ImageCodec.from_folder(weights.resolve_path(cfg.model.path))
-    tok = images.VLTokenizer(tok, codec)
+    tok = images.VLTokenizer(tok, images.ImageCodec.from_folder(load.resolve_path(cfg.model.path)))
   family = get_family(cfg.env.name)
   max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(
       max_prompt_len=max_prompt, max_batch=auto_rows(cfg, spec, mesh, "sampler.max_batch"),
-      dtype=cfg.sampler.dtype, prefill_chunk=cfg.sampler.prefill_chunk), mesh, codec)
+      dtype=cfg.sampler.dtype, prefill_chunk=cfg.sampler.prefill_chunk), mesh)
   return dict(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, sampler=sampler, init_params=params,
               train_tasks=family.tasks(cfg.env, cfg.env.train_split), eval_tasks=tasks_lib.eval_panels(family, cfg),
-              stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings], codec=codec)
+              stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])
 
 
 def _pool(cfg: ml_collections.ConfigDict, family) -> EnvPool:
@@ -125,23 +121,46 @@ def _pool(cfg: ml_collections.ConfigDict, family) -> EnvPool:
   return EnvPool(family, cfg.env, n_envs)
 
 
+class ConfigError(ValueError):
+  """A config value that the build found unusable against what it loaded (the checkpoint, the devices, the
+  environment): `main` prints it as one `config error:` line."""
+
+
+def _config_errors(build_fn):
+  """A plain ValueError raised while building from the config names a config value (every build check does):
+  it becomes a ConfigError. Kinds with a line of their own (distributed.SetupError) pass through."""
+  @functools.wraps(build_fn)
+  def wrapped(cfg: ml_collections.ConfigDict):
+    try:
+      return build_fn(cfg)
+    except ValueError as e:
+      if type(e) is not ValueError:
+        raise
+      raise ConfigError(str(e)) from e
+  return wrapped
+
+
+@_config_errors
 def build_player(cfg: ml_collections.ConfigDict) -> Player:
   parts = _player_parts(cfg, learner=False)
   return Player(**parts, pool=_pool(cfg, parts["family"]))
 
 
+@_config_errors
 def build(cfg: ml_collections.ConfigDict) -> Runtime:
+  loss_cfg = effective_loss_config(cfg)  # the teacher and layout rules, before anything loads
+  teacher = update_lib.teacher_plan(loss_cfg, cfg.learner.teacher, pack_length=cfg.learner.pack_length,
+                                    images=cfg.env.get("observation", "text") == "image")
   parts = _player_parts(cfg, learner=True)
   spec, mesh, params = parts["spec"], parts["mesh"], parts["init_params"]
   rescorer = Rescorer(spec, parts["tokenizer"].pad_id, RescorerConfig(
       max_rows=auto_rows(cfg, spec, mesh, "rescore.max_rows"), max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
-      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh, parts["codec"])
-  loss_cfg = effective_loss_config(cfg)
+      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
-      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=cfg.learner.teacher,
+      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=teacher,
       state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
   return Runtime(**parts, pool=_pool(cfg, parts["family"]), rescorer=rescorer, update_fn=update_fn,
-                 optimizer=optimizer, loss_cfg=loss_cfg, teacher=update_lib.teacher_plan(loss_cfg, cfg.learner.teacher))
+                 optimizer=optimizer, loss_cfg=loss_cfg, teacher=teacher)

@@ -183,9 +183,9 @@ class Sampler:
   real prompt lengths), response positions the decode steps (rows bucket x steps the loop ran against the
   tokens generated)."""
 
-  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None, codec=None):
+  def __init__(self, spec: ModelSpec, eos_ids: Sequence[int], cfg: SamplerConfig, mesh=None):
     check_choice("sampler.dtype", cfg.dtype)
-    self.spec, self.cfg, self.mesh, self.codec = spec, cfg, mesh, codec  # codec: images.ImageCodec of a VL policy
+    self.spec, self.cfg, self.mesh = spec, cfg, mesh
     self.eos_E = np.asarray(sorted(set(eos_ids)) or [-1], np.int32)
     # Rows per call of this process: with several processes each supplies its share of a global batch.
     data, procs = (1, 1) if mesh is None else (distributed.local_dp(mesh), jax.process_count())
@@ -198,14 +198,14 @@ class Sampler:
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
                stop_sequences: Sequence[Sequence[int]] = (), images: Sequence | None = None,
                row_ids: Sequence[int] | None = None) -> list[Generation]:
-    """`images`: one uint8 frame (or None) per prompt, for the prompt's vision tokens (images.VLTokenizer).
+    """`images`: one images.Image (or None) per prompt, for the prompt's vision tokens (images.prepare).
     `row_ids`: each prompt's draw (fold_in(key, id), row_keys; default: its position), e.g. its episode.
     With several processes every process calls this at the same point with its own prompts (none is fine):
     the calls are collective, each process supplies and reads back only its rows."""
     multi = jax.process_count() > 1
     if not prompts and not multi:
       return []
-    if images is not None and any(f is not None for f in images) and self.codec is None:
+    if images is not None and any(f is not None for f in images) and self.spec.vision is None:
       raise ValueError("prompts with images need a vision-language policy (config.model.path); "
                        "or set config.env.observation='text'")
     images = list(images) if images is not None else [None] * len(prompts)
@@ -235,7 +235,7 @@ class Sampler:
 
   def rollout_fn(self, params, sp: SamplingParams, stop_sequences: Sequence[Sequence[int]] = ()
                  ) -> Callable[..., list[Generation]]:
-    """`generate` with fixed weights and sampling: the (prompt ids, key[, frames, row ids]) -> generations of
+    """`generate` with fixed weights and sampling: the (prompt ids, key[, images, row ids]) -> generations of
     rollout.run_episodes."""
     return lambda prompts, key, images=None, row_ids=None: self.generate(params, prompts, key, sp, stop_sequences,
                                                                           images, row_ids)
@@ -246,7 +246,7 @@ class Sampler:
     # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
     # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows. A prompt with
     # a frame is identical only with the same frame.
-    keys = [(tuple(p), None if f is None else images_lib.frame_key(f)) for p, f in zip(prompts, frames)]
+    keys = [(tuple(p), None if f is None else f.key) for p, f in zip(prompts, frames)]
     first: dict[tuple, int] = {}  # distinct prompt (with its frame) -> its first row
     for n, k in enumerate(keys):
       first.setdefault(k, n)
@@ -265,8 +265,8 @@ class Sampler:
       tokens_UP[u, Pn - len(p):] = p
       valid_UP[u, Pn - len(p):] = True
     src_B = None if not dedup else u0 + np.pad(src_N, (0, B - len(prompts)), constant_values=U - 1)
-    image_batch = None if self.codec is None else images_lib.layout_images(
-        self.codec, U, Pn, [(u, Pn - len(p), p, (), f) for u, (p, f) in enumerate(zip(unique, frames))])
+    image_batch = images_lib.layout_images(U, Pn, [(u, Pn - len(p), p, (), f)
+                                                   for u, (p, f) in enumerate(zip(unique, frames))])
     n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     is_pad_B = np.arange(B) >= len(prompts)
     greedy = sp.temperature == 0

@@ -32,6 +32,7 @@ from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.infra.metrics import MetricsWriter
+from seed_jax.models import load
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.models import transformer as tf
 from seed_jax.models import weights
@@ -214,8 +215,8 @@ def validation_loss(eval_fn, params, val: Sequence[Example], cfg: ml_collections
 
 
 def export(params, spec: ModelSpec, tok: tokenizer_lib.Tokenizer, out_dir: str) -> None:
-  """An HF checkpoint folder (config, safetensors, tokenizer files) that weights.load_model and
-  tokenizer.load_tokenizer read back, and that RL starts from (--config.model.path=out_dir)."""
+  """An HF checkpoint folder (config, safetensors, tokenizer files) that load.load_model and
+  load.load_tokenizer read back, and that RL starts from (--config.model.path=out_dir)."""
   weights.export_hf(params, spec, out_dir)
   tok.hf.save_pretrained(out_dir)
 
@@ -236,9 +237,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
   data_path = sc.data or os.path.join(workdir, stage1.RECORDS_FILE)
   export_dir = sc.export_dir or os.path.join(workdir, "export")
   mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
-  spec, params = weights.load_model(cfg.model.path, mesh)
+  spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   data = load_dataset(data_path, tok, sc, cfg.seed)
   per_epoch = -(-len(data.train) // sc.batch_size)
   total = sc.epochs * per_epoch

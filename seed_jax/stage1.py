@@ -24,8 +24,7 @@ from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import tokenizer as tokenizer_lib
-from seed_jax.models import weights
+from seed_jax.models import load
 from seed_jax.records import append_records, read_records, unique, write_records
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
@@ -92,9 +91,9 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   if not pending:
     return stats
   mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
-  spec, params = weights.load_model(cfg.model.path, mesh)
+  spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   family = get_family(cfg.env.name)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
@@ -140,7 +139,7 @@ class _Backend:
 
 def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]], mesh) -> _Backend:
   ac = cfg.annotate
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)  # the policy's, which SFT trains
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)  # the policy's, which SFT trains
   count = lambda s: len(tok.encode_chat(s))
   if ac.analyzer == "oracle":
     by_task = {i: t.task for i, t in items}
@@ -155,9 +154,9 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
   if ac.analyzer == "local":
     mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
-    spec, params = weights.load_model(ac.local_model_path, mesh)
+    spec, params = load.load_model(ac.local_model_path, mesh)
     spec = spec.with_attention(cfg.model)
-    ltok = tokenizer_lib.load_tokenizer(ac.local_model_path)
+    ltok = load.load_tokenizer(ac.local_model_path)
     sampler = Sampler(spec, ltok.eos_ids, SamplerConfig(max_prompt_len=ac.max_prompt_tokens,
                                                         max_batch=ac.local_max_batch, dtype=ac.local_dtype), mesh)
     sp = SamplingParams(*sampling(cfg, "annotate"))

@@ -18,7 +18,9 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import losses
-from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
+from seed_jax.config import check_choice
+from seed_jax.batch import MiniBatch
+from seed_jax.models.logprobs import packed_logprobs, response_logprobs
 from seed_jax.models.spec import ModelSpec
 
 
@@ -30,48 +32,28 @@ class TrainState:
   skipped: jax.Array  # optimizer steps skipped because the loss or gradient was not finite
 
 
-@flax.struct.dataclass
-class MiniBatch:
-  """Device arrays of one mini-batch of step-samples [M, ...]; padding rows have rmask all False.
-
-  Two layouts of the same step-samples: padded (prompt_BP/pvalid_BP, one sample per row, M = micro-batches x
-  micro_batch_size) or packed (`packed`: several samples per row, seed_jax/packing.py; the per-sample arrays
-  are then in slot order, `micro_batches` groups of rows and of slots)."""
-  resp_BR: jax.Array
-  rmask_BR: jax.Array
-  old_logp_BR: jax.Array
-  adv_B: jax.Array
-  prompt_BP: jax.Array | None = None
-  pvalid_BP: jax.Array | None = None
-  packed: PackedRows | None = None
-  ref_logp_BR: jax.Array | None = None
-  skill_logp_BR: jax.Array | None = None  # teacher="old"
-  opd_mask_B: jax.Array | None = None
-  skill_prompt_BP: jax.Array | None = None  # teacher="current": the skill-augmented prompts
-  skill_pvalid_BP: jax.Array | None = None
-  # The rows' frames (vlm.ImageBatch; images.micro_batched lays them out per micro-batch), None for text.
-  images: Any = None
-  micro_batches: int = flax.struct.field(pytree_node=False, default=0)  # packed: groups (0 = padded layout)
-  # Arrays already [micro-batches, rows of one, ...] (distributed.grouped_global_batch): each micro-batch's rows
-  # spread over the data-parallel devices of every process.
-  grouped: bool = flax.struct.field(pytree_node=False, default=False)
-
-
 @dataclasses.dataclass(frozen=True)
 class TeacherPlan:
-  """Where the skill-context log-probs (the OPD teacher) come from. teacher="old": π_old at re-score time, so the
-  re-scorer scores H(h, s) next to the ordinary prompts; "current": π_θ in the update (stop-gradient), so the
-  mini-batches carry the H(h, s) prompts and each micro-batch scores both contexts in one forward."""
+  """Where the skill-context log-probs (the OPD teacher) come from, and the update layout that allows.
+  teacher="old": π_old at re-score time, so the re-scorer scores H(h, s) next to the ordinary prompts;
+  "current": π_θ in the update (stop-gradient), so the mini-batches carry the H(h, s) prompts and each
+  micro-batch scores both contexts in one forward, in the padded layout."""
   rescore_skill_prompts: bool
   update_reads_skill_prompts: bool
+  update_pack_length: int = 0  # the update's packed row length (learner.pack_length); 0: padded rows
 
 
-def teacher_plan(loss_cfg: losses.SeedLossConfig, teacher: str) -> TeacherPlan:
-  """The one place `learner.teacher` is read; without a skill term neither side looks at H(h, s)."""
-  if teacher not in ("old", "current"):
-    raise ValueError(f"update.teacher must be 'old' or 'current', got {teacher!r}")
-  return TeacherPlan(rescore_skill_prompts=loss_cfg.uses_skill and teacher == "old",
-                     update_reads_skill_prompts=loss_cfg.uses_skill and teacher == "current")
+def teacher_plan(loss_cfg: losses.SeedLossConfig, teacher: str, *, images: bool = False,
+                 pack_length: int = 0) -> TeacherPlan:
+  """The one place `learner.teacher` is read and checked against the layout: image observations (`images`)
+  take teacher "old" only; packed update rows (`pack_length` > 0) serve a teacher that does not score H(h, s)
+  in the update, which otherwise gets padded rows. Without a skill term neither side looks at H(h, s)."""
+  check_choice("learner.teacher", teacher)
+  if images and teacher != "old":
+    raise ValueError("config.env.observation='image' serves config.learner.teacher='old' only")
+  reads = loss_cfg.uses_skill and teacher == "current"
+  return TeacherPlan(rescore_skill_prompts=loss_cfg.uses_skill and teacher == "old", update_reads_skill_prompts=reads,
+                     update_pack_length=0 if reads else max(pack_length, 0))
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -137,20 +119,16 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 
 
 def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature, *, spec: ModelSpec,
-               loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: str):
+               loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: TeacherPlan):
   """SEED loss of one micro-batch. With teacher="current" both contexts go through one forward and the
   skill-side log-probs are stop-gradient teachers."""
   B = mb.resp_BR.shape[0]
   kw = dict(dtype=dtype, chunk=chunk, remat=remat, with_entropy=loss_cfg.entropy_coef != 0)
   fwd = lambda pr, pv, rs, rm: response_logprobs(params, spec, pr, pv, rs, rm, temperature, **kw)
   skill_logp = mb.skill_logp_BR
-  if mb.images is not None and teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
-    raise ValueError("image observations serve learner.teacher='old' only")
   if mb.packed is not None:
-    if teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
-      raise ValueError("packed mini-batches serve learner.teacher='old' only")
     logp, ent = packed_logprobs(params, spec, mb.packed, mb.resp_BR, mb.rmask_BR, temperature, mb.images, **kw)
-  elif teacher_plan(loss_cfg, teacher).update_reads_skill_prompts:
+  elif teacher.update_reads_skill_prompts:
     both = lambda a, b: jnp.concatenate([a, b], axis=0)
     logp2, ent2 = fwd(both(mb.prompt_BP, mb.skill_prompt_BP), both(mb.pvalid_BP, mb.skill_pvalid_BP),
                       both(mb.resp_BR, mb.resp_BR), both(mb.rmask_BR, mb.rmask_BR))
@@ -167,11 +145,12 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
 
 def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: optax.GradientTransformation,
                    *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool = True,
-                   teacher: str = "old", state_shardings: TrainState | None = None) -> Callable:
-  """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated.
-  `state_shardings` (from `state_shardings(params, optimizer)`) pins the new state to exactly the input
-  layout, so the donated buffers are reused and the next call does not recompile for a respelled sharding."""
-  teacher_plan(loss_cfg, teacher)  # rejects an unknown teacher before anything is traced
+                   teacher: TeacherPlan | None = None, state_shardings: TrainState | None = None) -> Callable:
+  """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated. `teacher`: the
+  run's teacher_plan (None: teacher "old"). `state_shardings` (from `state_shardings(params, optimizer)`) pins
+  the new state to exactly the input layout, so the donated buffers are reused and the next call does not
+  recompile for a respelled sharding."""
+  teacher = teacher_plan(loss_cfg, "old") if teacher is None else teacher
   loss_fn = jax.value_and_grad(
       lambda p, mb, norm, temp: micro_loss(p, mb, norm, temp, spec=spec, loss_cfg=loss_cfg, dtype=dtype,
                                            chunk=chunk, remat=remat, teacher=teacher), has_aux=True)

@@ -33,6 +33,7 @@ from seed_jax import sft_oracle, skills, templates
 from seed_jax.envs import get_family
 from seed_jax.envs.base import EnvError, Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
+from seed_jax.models import load
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.rollout import fit_prompt
 from seed_jax.tasks import spread
@@ -184,7 +185,7 @@ def write_records(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, flo
     log.info("warm start: %d records already in %s", len(records), path)
     return _stats(records)
   family = get_family(cfg.env.name)
-  tok = tokenizer_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   tasks = demo_tasks(cfg)
   max_steps = cfg.warmstart.max_steps or cfg.env.max_steps
   with EnvPool(family, cfg.env, max(1, min(cfg.warmstart.envs, len(tasks)))) as pool:

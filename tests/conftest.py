@@ -19,15 +19,15 @@ import pytest
 @pytest.fixture(scope="session")
 def embedded_tokenizer():
   """The embedded SmolLM2 tokenizer (rebuilt from GGUF metadata: seconds), loaded once per session."""
-  from seed_jax.models import tokenizer
-  return tokenizer.load_tokenizer("embedded")
+  from seed_jax.models import load
+  return load.load_tokenizer("embedded")
 
 
 @pytest.fixture(scope="session")
 def smollm2(embedded_tokenizer):
   """The embedded SmolLM2-135M-Instruct (GGUF): spec, params and tokenizer, loaded once per session."""
-  from seed_jax.models import weights
-  spec, params = weights.load_model("embedded")
+  from seed_jax.models import load
+  spec, params = load.load_model("embedded")
   return spec, params, embedded_tokenizer
 
 

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from configs import base  # noqa: E402
+from seed_jax import batch as batch_lib  # noqa: E402
 from seed_jax import update  # noqa: E402
 from seed_jax.infra import checkpoint as ckpt_lib  # noqa: E402
 from seed_jax.infra import distributed  # noqa: E402
@@ -53,7 +54,7 @@ def optimizer():
   return update.make_optimizer(cfg)
 
 
-def global_minibatch() -> update.MiniBatch:
+def global_minibatch() -> batch_lib.MiniBatch:
   return random_minibatch(ROWS, PROMPT, RESPONSE, SPEC.vocab_size)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seed_jax import update
+from seed_jax import batch
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 
@@ -25,14 +25,14 @@ def numpy_params(spec: ModelSpec, seed: int = 0) -> dict:
   return out
 
 
-def random_minibatch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> update.MiniBatch:
+def random_minibatch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> batch.MiniBatch:
   """Ragged left-padded prompts, right-padded responses, the last two rows padding (no response tokens)."""
   rng = np.random.default_rng(seed)
   pvalid = np.arange(prompt)[None] >= rng.integers(1, prompt, rows)[:, None]
   rmask = np.arange(response)[None] < rng.integers(1, response + 1, rows)[:, None]
   rmask[-2:] = False
   logp = lambda: ((-5 + 0.1 * rng.normal(size=(rows, response))) * rmask).astype(np.float32)
-  return update.MiniBatch(
+  return batch.MiniBatch(
       prompt_BP=rng.integers(0, vocab, (rows, prompt)).astype(np.int32), pvalid_BP=pvalid,
       resp_BR=rng.integers(0, vocab, (rows, response)).astype(np.int32), rmask_BR=rmask, old_logp_BR=logp(),
       adv_B=rng.normal(size=rows).astype(np.float32), ref_logp_BR=logp(), skill_logp_BR=logp(),

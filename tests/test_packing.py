@@ -132,7 +132,8 @@ def test_packed_update_equals_padded(agg_mode):
   s, adv, old, ref, skill = _samples()
   cfg = dataclasses.replace(losses.SeedLossConfig.from_config(base.get_base().objectives), agg_mode=agg_mode)
   opt = optax.sgd(1.0)
-  fn = update_lib.make_update_fn(SPEC, cfg, opt, micro_batch_size=4, chunk=4, remat=True, teacher="old")
+  fn = update_lib.make_update_fn(SPEC, cfg, opt, micro_batch_size=4, chunk=4, remat=True,
+                                 teacher=update_lib.teacher_plan(cfg, "old"))
   idx = np.random.default_rng(2).permutation(len(s))
   Pn, R = batch_lib.shapes_for(s)
   padded = batch_lib.minibatch(s, idx, 12, Pn, R, 0, adv_N=adv, old_logp=old, ref_logp=ref, skill_logp=skill,

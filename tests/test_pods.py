@@ -118,8 +118,8 @@ def _params(workdir, model, step):
   from configs import base
   from seed_jax import update
   from seed_jax.infra import checkpoint as ckpt_lib
-  from seed_jax.models import weights
-  _, params = weights.load_model(model)
+  from seed_jax.models import load
+  _, params = load.load_model(model)
   state = update.init_state(params, update.make_optimizer(base.get_base().learner))
   with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), base.get_base().train.checkpoint,
                              read_only=True) as ckpt:
@@ -128,8 +128,8 @@ def _params(workdir, model, step):
 
 
 def _init(model):
-  from seed_jax.models import weights
-  return jax.tree.map(np.asarray, weights.load_model(model)[1])
+  from seed_jax.models import load
+  return jax.tree.map(np.asarray, load.load_model(model)[1])
 
 
 def _assert_same_change(p1, p2, init, rtol=CHANGE_RTOL, off_frac=OFF_FRAC):

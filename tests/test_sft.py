@@ -13,9 +13,8 @@ import pytest
 from configs import textworld_express as twx_config
 from seed_jax import sft, skills
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import load
 from seed_jax.models import transformer as tf
-from seed_jax.models import weights
 from seed_jax.models.spec import ModelSpec
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 from stage1_helpers import random_params, small_tokenizer_folder, tiny_model_folder
@@ -101,7 +100,7 @@ def small(tmp_path_factory):
   """A tiny model with a small trained BPE vocabulary (fast to train), and the 16 records as JSONL."""
   root = tmp_path_factory.mktemp("small")
   folder = small_tokenizer_folder(str(root / "model"), [r["prompt"] for r in RECORDS] + [r["response"] for r in RECORDS])
-  tiny_model_folder(folder, tokenizer_lib.load_tokenizer(folder), dim=64, n_layers=2)
+  tiny_model_folder(folder, load.load_tokenizer(folder), dim=64, n_layers=2)
   data = root / "records.jsonl"
   data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
   return folder, str(data)
@@ -131,8 +130,8 @@ def test_overfits_16_records_and_greedy_decoding_reproduces_them(small, tmp_path
   assert out["metrics"]["sft/loss"] < 0.01
   assert (out["metrics"]["sft/train_records"], out["metrics"]["sft/steps"], out["metrics"]["sft/compiles"]) == (16, 260, 1)
   # The exported folder loads back (weights + tokenizer) and greedy decoding gives each target exactly.
-  spec, params = weights.load_model(out["export_dir"])
-  tok = tokenizer_lib.load_tokenizer(out["export_dir"])
+  spec, params = load.load_model(out["export_dir"])
+  tok = load.load_tokenizer(out["export_dir"])
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=64, max_batch=16, dtype="float32"))
   gens = sampler.generate(params, [tok.encode_chat(r["prompt"]) for r in RECORDS], jax.random.key(0),
                           SamplingParams(temperature=0.0, max_new_tokens=40))
@@ -158,6 +157,6 @@ def test_resume_from_a_checkpoint_ends_where_an_uninterrupted_run_ends(small, tm
   cut = sft.train(cfg, str(tmp_path / "cut"), mesh=one_device_mesh())
   lines = [json.loads(l) for l in open(tmp_path / "cut" / "sft" / "metrics.jsonl")]
   assert [l["step"] for l in lines] == [3, 4, 5, 6]  # resumed after step 2
-  a = jax.tree.leaves(weights.load_model(full["export_dir"])[1])
-  b = jax.tree.leaves(weights.load_model(cut["export_dir"])[1])
+  a = jax.tree.leaves(load.load_model(full["export_dir"])[1])
+  b = jax.tree.leaves(load.load_model(cut["export_dir"])[1])
   assert all(np.array_equal(x, y) for x, y in zip(a, b))

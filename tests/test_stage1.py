@@ -18,7 +18,7 @@ from seed_jax import loop, records, sft, skills, stage1
 from seed_jax.config import validate
 from seed_jax.envs.base import Task
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import weights
+from seed_jax.models import load
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
 from stage1_helpers import step, tiny_model_folder, trajectory
 from test_analyzers import _Server
@@ -151,7 +151,7 @@ def test_collect_annotate_sft_then_rl(tiny, tmp_path, monkeypatch):
   res = loop.train(rcfg, os.path.join(work, "rl"))
   rl = res["metrics"]
   assert rl["rollout/episodes"] == 2 and rl["update/optimizer_steps"] >= 1
-  sft_params = weights.load_model(export)[1]
+  sft_params = load.load_model(export)[1]
   assert not np.array_equal(np.asarray(res["state"].params["embed"]), np.asarray(sft_params["embed"]))
 
 

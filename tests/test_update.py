@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from configs import base
+from seed_jax import batch as batch_lib
 from seed_jax import losses
 from seed_jax import update as update_lib
 from seed_jax.models import transformer as tf
@@ -28,7 +29,7 @@ def _tiny_batch(B=4, P=6, R=5, seed=0):
   params["embed"] = params["embed"] * 30
   rmask = np.ones((B, R), bool)
   rmask[1, 3:] = False
-  mb = update_lib.MiniBatch(
+  mb = batch_lib.MiniBatch(
       prompt_BP=rng.integers(1, 64, (B, P)).astype(np.int32), pvalid_BP=np.ones((B, P), bool),
       resp_BR=rng.integers(1, 64, (B, R)).astype(np.int32), rmask_BR=rmask,
       old_logp_BR=np.full((B, R), -2.0, np.float32), adv_B=np.array([1.0, -0.5, 0.3, -1.2], np.float32),
@@ -48,7 +49,8 @@ def _with_skill_prompts(mb, seed=1):
 def _step(spec, params, mb, loss_cfg, micro, teacher="old"):
   """One update with plain SGD (lr 1): the parameter change is exactly minus the accumulated gradient."""
   opt = optax.sgd(1.0)
-  fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=micro, chunk=4, remat=False, teacher=teacher)
+  fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=micro, chunk=4, remat=False,
+                                 teacher=update_lib.teacher_plan(loss_cfg, teacher))
   return fn(update_lib.init_state(jax.tree.map(jnp.copy, params), opt), mb, jnp.float32(1.0))
 
 
@@ -66,7 +68,8 @@ def test_micro_batch_accumulation_equals_one_big_batch(teacher):
   norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
   (loss, _), grad = jax.value_and_grad(
       lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32, chunk=4,
-                                      remat=False, teacher=teacher), has_aux=True)(params)
+                                      remat=False, teacher=update_lib.teacher_plan(loss_cfg, teacher)),
+      has_aux=True)(params)
   want = jax.tree.map(lambda p, g: p - g, params, grad)
   assert float(optax.tree.norm(grad)) > 1e-3
   for micro in (2, 1):
@@ -84,11 +87,20 @@ def test_teacher_plan_decides_both_sides():
   assert plan(gated, "old") == (True, False)
   assert plan(gated, "current") == (False, True)
   assert plan(none, "old") == plan(none, "current") == (False, False)
-  with pytest.raises(ValueError, match="update.teacher must be 'old' or 'current', got 'new'"):
+  with pytest.raises(ValueError, match=r"config.learner.teacher='new' is not allowed"):
     update_lib.teacher_plan(gated, "new")
-  spec, _, _ = _tiny_batch()
-  with pytest.raises(ValueError, match="got 'new'"):
-    update_lib.make_update_fn(spec, gated, optax.sgd(1.0), micro_batch_size=2, teacher="new")
+
+
+def test_teacher_plan_decides_the_layout_rules():
+  """Image observations take teacher "old" (even without a skill term); packed update rows serve a teacher
+  that the update does not score, else the update gets padded rows."""
+  gated, none = _loss(opd_variant="gated"), _loss(opd_variant="none")
+  with pytest.raises(ValueError, match=r"config.env.observation='image' serves config.learner.teacher='old' only"):
+    update_lib.teacher_plan(none, "current", images=True)
+  assert update_lib.teacher_plan(gated, "old", images=True, pack_length=1536).update_pack_length == 1536
+  assert update_lib.teacher_plan(gated, "current", pack_length=1536).update_pack_length == 0
+  assert update_lib.teacher_plan(none, "current", pack_length=1536).update_pack_length == 1536
+  assert update_lib.teacher_plan(gated, "old").update_pack_length == 0
 
 
 @pytest.mark.slow
@@ -113,7 +125,7 @@ def test_padding_rows_change_nothing():
   loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
   pad = lambda x, fill: jnp.concatenate([x, jnp.full((4,) + x.shape[1:], fill, x.dtype)])
   # Four padding rows as batch.minibatch writes them: no response tokens, zero advantage, no OPD.
-  padded = update_lib.MiniBatch(
+  padded = batch_lib.MiniBatch(
       prompt_BP=pad(mb.prompt_BP, 0), pvalid_BP=pad(mb.pvalid_BP, False), resp_BR=pad(mb.resp_BR, 0),
       rmask_BR=pad(mb.rmask_BR, False), old_logp_BR=pad(mb.old_logp_BR, 0.0), adv_B=pad(mb.adv_B, 0.0),
       ref_logp_BR=pad(mb.ref_logp_BR, 0.0), skill_logp_BR=pad(mb.skill_logp_BR, 0.0),
@@ -146,7 +158,8 @@ def test_teacher_equal_to_student_gives_gated_nll_with_gate_half():
   loss_cfg = _loss(opd_variant="gated", opd_coef=1.0, entropy_coef=0.0, kl_coef=0.0)
   norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
   grad = jax.grad(lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32,
-                                                  chunk=4, remat=False, teacher="current")[0])(params)
+                                                  chunk=4, remat=False,
+                                                  teacher=update_lib.teacher_plan(loss_cfg, "current"))[0])(params)
 
   def gated_nll(p):  # −0.5 · Σ m ℓ / Σ m
     logp, _ = response_logprobs(p, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, 1.0,

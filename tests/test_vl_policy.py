@@ -11,8 +11,7 @@ from configs import ezpoints, sokoban
 from seed_jax import batch as batch_lib
 from seed_jax import images, loop, packing, pipeline, runtime
 from seed_jax.envs import ezpoints_image
-from seed_jax.models import logprobs, tiny_vl
-from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import load, logprobs, tiny_vl
 
 SKILL = "Push the box toward the target; never push it into a corner."
 
@@ -33,7 +32,7 @@ def codec():
 
 
 def test_vision_tokens_take_the_placeholder(codec):
-  tok = images.VLTokenizer(tokenizer_lib.load_tokenizer("embedded-vl"), codec)
+  tok = images.VLTokenizer(load.load_tokenizer("embedded-vl"), codec)
   frame = np.full((96, 96, 3), 200, np.uint8)  # Sokoban's 6 x 6 cells of 16 px
   ids = tok.encode_chat("Your task: look.\n<image>\nNow it is your turn.", image=frame)
   vls = codec.vls
@@ -45,7 +44,7 @@ def test_vision_tokens_take_the_placeholder(codec):
   with pytest.raises(ValueError, match="exactly one <image>"):
     tok.encode_chat("no placeholder here", image=frame)
   with pytest.raises(ValueError, match="env.observation"):
-    tokenizer_lib.load_tokenizer("embedded-vl").encode_chat("<image>", image=frame)
+    load.load_tokenizer("embedded-vl").encode_chat("<image>", image=frame)
 
 
 def test_image_above_max_pixels_is_resized(codec):
@@ -72,9 +71,8 @@ def test_the_tower_is_sharded_like_the_decoder():
   from jax.sharding import NamedSharding
   from seed_jax import update
   from seed_jax.infra.mesh import make_mesh
-  from seed_jax.models import weights
   mesh = make_mesh((2, 4, 1))
-  _, params = weights.load_model("embedded-vl", mesh)
+  _, params = load.load_model("embedded-vl", mesh)
   assert all(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(params))
   w_gate = params["vision"]["blocks"]["w_gate"]
   assert w_gate.sharding.spec[1] == "fsdp" and w_gate.addressable_shards[0].data.shape[1] == w_gate.shape[1] // 4
@@ -99,20 +97,21 @@ def test_sampler_rescorer_and_update_agree_on_image_rows():
     trajs = pipeline._rollout(rt, params, 0, jax.random.key(0))
     steps = [s for t in trajs for s in t.steps]
     assert steps and all(s.image is not None and s.image.dtype == np.uint8 for s in steps)
-    assert all(s.prompt_tokens.count(rt.codec.vls.image_token_id) == rt.codec.num_tokens(s.image) for s in steps)
+    codec = rt.tokenizer.codec  # the image side lives in the tokenizer; samples carry prepared images
+    assert all(s.prompt_tokens.count(codec.vls.image_token_id) == codec.num_tokens(s.image) for s in steps)
     samples = batch_lib.collect_samples(trajs, [SKILL] * len(trajs), rt.tokenizer, cfg.model.max_prompt_tokens)
     assert samples.opd_mask_N.all()
-    assert all(a is s.image for a, s in zip(samples.images, steps))  # the rollout's arrays, unchanged
-    for plain, aug, frame in zip(samples.prompts, samples.skill_prompts, samples.images):
-      n = rt.codec.num_tokens(frame)
-      assert aug != plain and aug.count(rt.codec.vls.image_token_id) == plain.count(rt.codec.vls.image_token_id) == n
+    assert all(a.key == images.frame_key(s.image) for a, s in zip(samples.images, steps))  # the rollout's frames
+    for plain, aug, step in zip(samples.prompts, samples.skill_prompts, steps):
+      n = codec.num_tokens(step.image)
+      assert aug != plain and aug.count(codec.vls.image_token_id) == plain.count(codec.vls.image_token_id) == n
     sampled = [np.asarray(x, np.float32) for x in samples.sampled_logps]
     lp, _ = rt.rescorer.score(params, [samples.prompts, samples.skill_prompts], samples.responses,
                               cfg.rollout.temperature, images=samples.images)
     for a, b in zip(lp[0], sampled):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert all(np.isfinite(x).all() for x in lp[1]) and any(not np.allclose(a, b) for a, b in zip(lp[1], lp[0]))
-    other = [255 - f for f in samples.images]  # same shapes, other pixels: the frames reach the log-probs
+    other = images.prepare(rt.tokenizer, [255 - s.image for s in steps])  # other pixels reach the log-probs
     lp_other, _ = rt.rescorer.score(params, [samples.prompts], samples.responses, cfg.rollout.temperature,
                                     images=other)
     assert all(not np.allclose(a, b, atol=1e-6) for a, b in zip(lp_other[0], sampled))
@@ -127,7 +126,7 @@ def test_sampler_rescorer_and_update_agree_on_image_rows():
                                  length=cfg.learner.pack_length, group_tokens=1 << 20)
     zeros = [np.zeros(len(r), np.float32) for r in samples.responses]
     mb, _ = batch_lib.packed_minibatch(samples, idx, layout, 16, adv_N=np.zeros(len(idx), np.float32),
-                                       old_logp=zeros, ref_logp=None, skill_logp=None, codec=rt.codec)
+                                       old_logp=zeros, ref_logp=None, skill_logp=None)
     assert len(layout.groups) == 1 and mb.images is not None
     fwd = jax.jit(lambda p, m: logprobs.packed_logprobs(p, rt.spec, m.packed, m.resp_BR, m.rmask_BR, 1.0, m.images,
                                                         dtype=jax.numpy.float32, chunk=16)[0])

@@ -16,8 +16,7 @@ from seed_jax.config import validate
 from seed_jax.envs import get_family
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import tokenizer as tokenizer_lib
-from seed_jax.models import weights
+from seed_jax.models import load
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Generation, Sampler, SamplerConfig, SamplingParams
 
@@ -93,8 +92,8 @@ def test_warm_start_overfits_demos_and_is_cached(warm, able_model_dir, tmp_path)
   policy = [r for r in records if r["kind"] == "policy"]
   assert policy and any(r["kind"] == "analyzer" for r in records)
   # Greedy replies on the demo states reproduce the gold replies' actions.
-  spec, params = weights.load_model(export)
-  tok = tokenizer_lib.load_tokenizer(export)
+  spec, params = load.load_model(export)
+  tok = load.load_tokenizer(export)
   family = get_family(c.env.name)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=512, max_batch=16, dtype="float32"))
   gens = sampler.generate(params, [tok.encode_chat(r["prompt"]) for r in policy], jax.random.key(0),

@@ -1,41 +1,144 @@
-"""Blockwise causal attention in plain XLA (flash-attention style), for long prompts and packed rows.
+"""Every attention implementation of the decoder, behind one entry (`attend`), which a layer calls once.
 
-Queries and keys go in blocks of `block` slots. For each query block an online softmax (running max `m`,
-running sum `l`) walks the key blocks up to its own, so no more than one [block, block] tile of scores per
-head is alive and the masked upper triangle is never computed. Token t attends to slots s <= t of its own
-segment; segment 0 is padding (left padding, packing gaps) and its rows come out as 0.
+`attend` picks by the call: without a cache, short rows materialize their scores in query blocks
+(`dense_causal_attention`) and long or packed rows go tile by tile (`blockwise_causal_attention` in plain XLA,
+or the splash / cuDNN kernels, as spec.attention says); with a cache, one new token per row is a
+matrix-vector pass over the cache (`one_query_attention`), a few tokens attend to the whole cache
+(`cache_attention`) and a prefill chunk of a long prompt walks it tile by tile (`tiled_cache_attention`).
+
+The blockwise path: queries and keys go in blocks of `block` slots. For each query block an online softmax
+(running max `m`, running sum `l`) walks the key blocks up to its own, so no more than one [block, block] tile
+of scores per head is alive and the masked upper triangle is never computed. Token t attends to slots s <= t
+of its own segment; segment 0 is padding (left padding, packing gaps) and its rows come out as 0.
 
 Inside, q, k and v are head-major tiles [n, B, K, (G,) block, h], so each tile is a batched matrix product
 over (B, K) with no relayout in the loops. The backward pass is written by hand (jax.custom_vjp): it keeps
 only the output and the per-row log-sum-exp and walks the lower triangle once by key block, recomputing each
 tile's probabilities once for dq, dk and dv, so a training step's attention memory is O(T) per head instead of
-the O(T^2) of autodiff through the tiles (one SmolLM2 layer's attention over 2 rows of 1024 slots in 4
-segments, AMD EPYC: forward 13 ms and forward + backward 40 ms, against 17 and 74 ms with token-major tiles and
-a backward that walked the triangle twice).
+the O(T^2) of autodiff through the tiles.
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+
+from seed_jax.models.spec import ModelSpec
+from seed_jax.models.xla_cpu import batched_dot, from_storage, to_storage, widen
 
 # What a rematerialized layer keeps of the blockwise attention: its output and per-row log-sum-exp, the backward's
 # residuals besides q, k, v (cheap projections to redo). Recomputing them is a second walk over the score tiles;
 # keeping them costs (heads x head_dim + heads) floats per token and layer.
 SAVED_UNDER_REMAT = ("attention_out", "attention_lse")
 _NEG = -1e30  # running-max start: finite, so an all-masked tile leaves m, l and the output untouched
+_MASKED = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax instead of NaN
+QUERY_BLOCK = 128  # dense_causal_attention's query blocks
 
 
-def batched_dot(eq, a, b, dtype):
-  """einsum of operands in `dtype` with fp32 results. XLA:CPU runs batched dots outside its fused kernels,
-  where bf16 x bf16 -> f32 is unimplemented: there the product is rounded to bf16 (accumulated in f32 inside
-  the kernel) and widened right after."""
-  if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
-    return jnp.einsum(eq, a.astype(dtype), b.astype(dtype)).astype(jnp.float32)
-  return jnp.einsum(eq, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+class LayerCache(NamedTuple):
+  """One layer's keys k [B, K, hd, S] and values v [B, K, S, hd] in storage dtype (xla_cpu.storage_dtype): on
+  CPU that layout feeds the attention without a transpose. As a cached call's input, `end` is the first free
+  slot (this call's tokens are written at [end, end + T)) and `segment_BS` the slots' segment ids after that
+  write, given for a prefill chunk that attends tile by tile."""
+  k: jax.Array
+  v: jax.Array
+  end: jax.Array | None = None
+  segment_BS: jax.Array | None = None
+
+
+def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache: LayerCache | None, dtype):
+  """Grouped-query attention of one layer: q [B, T, K, G, h] (K kv heads, G queries each), k/v [B, T, K, h].
+
+  `cache` None: the tokens attend to each other, by `mask_BTS` [B, T, T] or, when it is None, blockwise by
+  `segment_BT`. Otherwise this call's keys/values are written at slot cache.end and the tokens attend to the
+  cache, by `mask_BTS` [B, T, S] or, when it is None, tile by tile by cache.segment_BS.
+  Returns (output [B, T, K, G, h] fp32, LayerCache of this call's keys/values or of the updated cache)."""
+  k_BKhT = to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
+  v_BKTh = to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
+  if cache is None and mask_BTS is None:
+    kernel = {"splash": splash_causal_attention, "cudnn": fused_causal_attention}.get(
+        spec.attention, functools.partial(blockwise_causal_attention, dtype=dtype,
+                                          rows_per_step=spec.attention_rows_per_step))
+    return kernel(q_BTKGh, k_BTKh, v_BTKh, segment_BT, block=spec.attention_block), LayerCache(k_BKhT, v_BKTh)
+  if cache is None:
+    return dense_causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype), LayerCache(k_BKhT, v_BKTh)
+  kv = LayerCache(jax.lax.dynamic_update_slice(cache.k, k_BKhT, (0, 0, 0, cache.end)),
+                  jax.lax.dynamic_update_slice(cache.v, v_BKTh, (0, 0, cache.end, 0)))
+  if mask_BTS is None:
+    return tiled_cache_attention(q_BTKGh, kv.k, kv.v, segment_BT, cache.segment_BS, cache.end, spec.attention_block,
+                                 dtype), kv
+  return cache_attention(q_BTKGh, kv.k, kv.v, mask_BTS, dtype), kv
+
+
+def dense_causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype):
+  """Attention among this call's own tokens (no cache). Queries go in blocks of QUERY_BLOCK, each against
+  only the keys up to its last position: the causal mask hides the rest, so this skips most of the masked
+  upper triangle and keeps each block's scores small."""
+  T = q_BTKGh.shape[1]
+  scale = q_BTKGh.shape[-1] ** -0.5
+  out = []
+  for t0 in range(0, T, QUERY_BLOCK):
+    t1 = min(t0 + QUERY_BLOCK, T)
+    s_BKGtS = batched_dot("btkgh,bskh->bkgts", q_BTKGh[:, t0:t1] * scale, k_BTKh[:, :t1], dtype)
+    s_BKGtS = jnp.where(mask_BTS[:, None, None, t0:t1, :t1], s_BKGtS, _MASKED)
+    p_BKGtS = jax.nn.softmax(s_BKGtS, axis=-1)
+    out.append(batched_dot("bkgts,bskh->btkgh", p_BKGtS, v_BTKh[:, :t1], dtype))
+  return jnp.concatenate(out, axis=1)
+
+
+def cache_attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
+  """Grouped-query attention over a cache; keys/values in storage dtype (xla_cpu.storage_dtype)."""
+  scale = q_BTKGh.shape[-1] ** -0.5
+  if q_BTKGh.shape[1] == 1:
+    return one_query_attention(q_BTKGh * scale, k_BKhS, v_BKSh, mask_BTS, dtype)
+  s_BKGTS = batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, from_storage(k_BKhS, dtype), dtype)
+  s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
+  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
+  return batched_dot("bkgts,bksh->btkgh", p_BKGTS, from_storage(v_BKSh, dtype), dtype)
+
+
+def one_query_attention(q_B1KGh, k_BKhS, v_BKSh, mask_B1S, dtype):
+  """Decode attention (one query per row, already scaled): matrix-vector products, written as multiply +
+  reduce because XLA:CPU fuses those into one pass over the cache, where its batched-dot kernel is slower at
+  these sizes. Products and sums are fp32 (bf16 operands are widened inside the fusion)."""
+  q_BKGh1 = q_B1KGh[:, 0, ..., None].astype(dtype).astype(jnp.float32)
+  s_BKGS = jnp.sum(q_BKGh1 * widen(k_BKhS)[:, :, None], axis=3)
+  s_BKGS = jnp.where(mask_B1S[:, :, None], s_BKGS, _MASKED)
+  p_BKGS1 = jax.nn.softmax(s_BKGS, axis=-1)[..., None]
+  if jnp.dtype(dtype) != jnp.float32:
+    p_BKGS1 = p_BKGS1.astype(dtype).astype(jnp.float32)  # the rounding a bf16 dot applies to its operand
+  o_BKGh = jnp.sum(p_BKGS1 * widen(v_BKSh)[:, :, None], axis=3)
+  return o_BKGh[:, None]
+
+
+def tiled_cache_attention(q_BTKGh, k_BKhS, v_BKSh, seg_q_BT, seg_BS, end, tile: int, dtype):
+  """Attention of T new tokens (slots [end, end + T)) over the cache, one key tile of `tile` slots at a time
+  (online softmax, as the blockwise path) and only up to the tokens' last slot: a long prompt prefilled in
+  chunks never holds a [T, S] score matrix. Forward only (generation)."""
+  B, T, K, G, h = q_BTKGh.shape
+  S = seg_BS.shape[1]
+  q_BTKGh = q_BTKGh * h ** -0.5
+  q_slot = end + jnp.arange(T)
+
+  def key_tile(j, carry):
+    start = jnp.minimum(j * tile, S - tile)  # the last tile may overlap the one before: its slots are masked
+    k_tile = from_storage(jax.lax.dynamic_slice_in_dim(k_BKhS, start, tile, axis=3), dtype)
+    v_tile = from_storage(jax.lax.dynamic_slice_in_dim(v_BKSh, start, tile, axis=2), dtype)
+    seg_k = jax.lax.dynamic_slice_in_dim(seg_BS, start, tile, axis=1)
+    k_slot = start + jnp.arange(tile)
+    fresh = k_slot >= j * tile  # slots an earlier tile has not covered
+    mask_BTs = ((q_slot[:, None] >= k_slot[None, :]) & fresh[None, :])[None] \
+        & (seg_q_BT[:, :, None] == seg_k[:, None, :]) & (seg_k[:, None, :] > 0)
+    s = jnp.where(mask_BTs[:, None, None], batched_dot("btkgh,bkhs->bkgts", q_BTKGh, k_tile, dtype), -1e30)
+    return softmax_tile(carry, s, mask_BTs, v_tile, "bkgts,bksh->bkgth", dtype)
+
+  tiles = (end + T + tile - 1) // tile  # the causal bound: tiles past the last new slot hold nothing it sees
+  out_BKGTh, _ = softmax_finish(jax.lax.fori_loop(0, tiles, key_tile, softmax_start(B, K, G, T, h)))
+  return jnp.einsum("bkgth->btkgh", out_BKGTh)
 
 
 def _tile_mask(seg_nBb, i, j, block):

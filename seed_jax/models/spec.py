@@ -72,14 +72,11 @@ class ModelSpec:
   def for_packed_rows(self) -> "ModelSpec":
     """The spec of a forward over packed rows (several sequences per row): with "auto" on XLA:CPU it attends
     blockwise in tiles of PACKED_BLOCK slots, which skips the tiles between segments
-    (models/attention.block_ranges). One row of 1536 slots in four segments, SmolLM2-135M, AMD EPYC: forward
-    1.53 s against 2.12 s blocked, forward + backward (remat) 6.7 s against 10.0 s. Accelerators keep "auto"'s
-    choice by length (not measured there; "splash" takes segment ids on TPU).
+    (models/attention.block_ranges), faster than the blocked path forward and backward. Accelerators keep
+    "auto"'s choice by length (not measured there; "splash" takes segment ids on TPU).
 
     Rows attend PACKED_ROWS_PER_STEP per batch shard at a time: each step walks only its rows' tiles and its score
-    tiles stay in cache. One SmolLM2 layer's attention, forward / forward + backward (benchmarks.packed_attention,
-    AMD EPYC): 8 rows x 896 slots in two segments each 99.8 / 335.9 ms against 138.8 / 409.2 ms all at once,
-    4 x 1920 in four 133.5 / 422.3 against 159.9 / 493.9; 2 x 896 is one step either way."""
+    tiles stay in cache, faster than all rows at once (benchmarks.packed_attention)."""
     import jax
     if self.attention != "auto" or jax.default_backend() != "cpu":
       return self

@@ -10,6 +10,11 @@ from __future__ import annotations
 import json
 import os
 
+from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import vlm, vlm_weights, weights
+from seed_jax.models.spec import ModelSpec
+from seed_jax.models.vision import VisionSpec
+
 EMBEDDED_VL = "embedded-vl"
 VERSION = 1
 SEED = 0
@@ -26,11 +31,6 @@ def ensure_tiny_vl(path: str = "") -> str:
   path = path or default_dir()
   if os.path.exists(os.path.join(path, "preprocessor_config.json")):  # written last
     return path
-  from seed_jax.models import tokenizer as tokenizer_lib
-  from seed_jax.models import vlm, vlm_weights, weights
-  from seed_jax.models.spec import ModelSpec
-  from seed_jax.models.vision import VisionSpec
-
   tmp = f"{path}.tmp{os.getpid()}"
   hf = tokenizer_lib.from_gguf(weights.embedded_model_path()).hf
   base = len(hf)

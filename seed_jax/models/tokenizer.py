@@ -113,10 +113,3 @@ def from_gguf(path: str) -> Tokenizer:
                                additional_special_tokens=special, clean_up_tokenization_spaces=False)
   hf.chat_template = field("tokenizer.chat_template")
   return Tokenizer(hf)
-
-
-def load_tokenizer(path: str) -> Tokenizer:
-  """Same `path` convention as weights.load_model: an HF folder, a .gguf file, or "embedded"."""
-  from seed_jax.models.weights import resolve_path
-  path = resolve_path(path)
-  return from_gguf(path) if path.endswith(".gguf") else from_hf_folder(path)

@@ -1,11 +1,12 @@
 """The decoder-only transformer: one forward that serves sampling (with a KV cache), re-scoring and training.
 
 Weights live in a plain nested dict (`params`) whose per-layer tensors are stacked on a leading "layers" axis
-and run with `lax.scan`, so a 30-layer model compiles in about a second. `Transformer` is the Flax NNX module
+and run with `lax.scan`, so the layers compile once whatever their number. `Transformer` is the Flax NNX module
 that declares every weight with its logical axes (see infra/mesh.py) and initializes it.
 
 Attention masking uses segment ids: 0 marks padding, equal positive ids may attend to each other causally.
-One id per row gives ordinary left-padded batches; several ids per row give packed sequences.
+One id per row gives ordinary left-padded batches; several ids per row give packed sequences. Each layer
+attends through the one entry of models/attention.py; the XLA:CPU workarounds live in models/xla_cpu.py.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ import numpy as np
 from flax import nnx
 
 from seed_jax.infra.mesh import constrain
-from seed_jax.models import attention
+from seed_jax.models import attention, xla_cpu
 from seed_jax.models.spec import ModelSpec
+from seed_jax.models.xla_cpu import from_storage, to_storage
 
 Params = dict[str, Any]
-_MASKED = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax instead of NaN
 
 
 def param_axes(spec: ModelSpec) -> dict[str, Any]:
@@ -101,8 +102,8 @@ def init_params(spec: ModelSpec, seed: int = 0) -> Params:
 class KVCache:
   """Keys/values of every slot, one array per layer: decode updates and reads each layer's cache in place,
   where slicing a layer out of a stacked [L, ...] array would copy it on every step. Each K is [B, Hkv, hd, S]
-  and each V is [B, Hkv, S, hd]: on CPU that layout feeds the attention without a transpose. `segment_BS` is
-  0 for empty slots; `end` is the first free slot (new tokens are written at [end, end+T))."""
+  and each V is [B, Hkv, S, hd], as attention.LayerCache. `segment_BS` is 0 for empty slots; `end` is the
+  first free slot (new tokens are written at [end, end+T))."""
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   segment_BS: jax.Array
@@ -110,27 +111,11 @@ class KVCache:
 
   @staticmethod
   def create(spec: ModelSpec, batch: int, length: int, dtype=jnp.float32) -> "KVCache":
-    store = _storage_dtype(dtype)
+    store = xla_cpu.storage_dtype(dtype)
     shape = (batch, spec.n_kv_heads)
     return KVCache(k=tuple(jnp.zeros(shape + (spec.head_dim, length), store) for _ in range(spec.n_layers)),
                    v=tuple(jnp.zeros(shape + (length, spec.head_dim), store) for _ in range(spec.n_layers)),
                    segment_BS=jnp.zeros((batch, length), jnp.int32), end=jnp.zeros((), jnp.int32))
-
-
-def _storage_dtype(dtype) -> Any:
-  # XLA:CPU converts bf16 arrays carried through a scan loop to f32 and back; as uint16 bits they pass
-  # through untouched and are bitcast to bf16 where used. Accelerators handle bf16 natively.
-  if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
-    return jnp.uint16
-  return dtype
-
-
-def _to_storage(x, dtype):
-  return jax.lax.bitcast_convert_type(x.astype(dtype), jnp.uint16) if _storage_dtype(dtype) == jnp.uint16 else x.astype(dtype)
-
-
-def _from_storage(x, dtype):
-  return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x.astype(dtype)
 
 
 def rms_norm(x, w, eps):
@@ -149,135 +134,25 @@ def rope(x_BTNh, cos_BTh, sin_BTh):
 
 def _dot(eq, a, b, dtype):
   """An activation x weight projection, fp32 results. On XLA:CPU the weight gradient goes through
-  `_cpu_projection`, whose backward feeds the library's dot kernels operands they take."""
+  `xla_cpu.projection`, whose backward feeds the library's dot kernels operands they take."""
   a, b = a.astype(dtype), b.astype(dtype)
   lhs, out = eq.split("->")
   sa, sb = lhs.split(",")
   if jax.default_backend() == "cpu" and sb[0] in sa:  # weight [contracted..., out...] (not "btd,vd->btv")
-    return _cpu_projection(eq, a, b)
+    return xla_cpu.projection(eq, a, b)
   return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _cpu_projection(eq, a, b):
-  return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
-
-
-def _cpu_projection_fwd(eq, a, b):
-  return _cpu_projection(eq, a, b), (a, b)
-
-
-def _cpu_projection_bwd(eq, res, g):
-  """d(activation) as autodiff writes it; d(weight) contracts the activation's batch/length dims, which XLA:CPU
-  would hand to its slower generic dot (contracting the major dims); a transposed copy of the activation, kept
-  by an optimization barrier, makes them minor, and the dot runs in the fused library kernel (forward +
-  backward at 1536 tokens on an AMD EPYC: one SmolLM2 MLP 91 ms against 119 ms, one layer 225 against 254)."""
-  a, b = res
-  lhs, so = eq.split("->")
-  sa, sb = lhs.split(",")
-  da = jnp.einsum(f"{so},{sb}->{sa}", g.astype(b.dtype), b, preferred_element_type=jnp.float32)
-  batch = "".join(c for c in sa if c in so and c not in sb)
-  rest = "".join(c for c in sa if c not in batch)
-  a_t = jax.lax.optimization_barrier(jnp.einsum(f"{sa}->{rest + batch}", a))
-  db = jnp.einsum(f"{rest + batch},{so}->{sb}", a_t, g.astype(a.dtype), preferred_element_type=jnp.float32)
-  return da.astype(a.dtype), db.astype(b.dtype)
-
-
-_cpu_projection.defvjp(_cpu_projection_fwd, _cpu_projection_bwd)
-
-
-_batched_dot = attention.batched_dot
-
-
-def _attention(q_BTKGh, k_BKhS, v_BKSh, mask_BTS, dtype):
-  """Grouped-query attention over a cache; keys/values in storage dtype (see `_storage_dtype`)."""
-  scale = q_BTKGh.shape[-1] ** -0.5
-  if q_BTKGh.shape[1] == 1:
-    return _attention_one_query(q_BTKGh * scale, k_BKhS, v_BKSh, mask_BTS, dtype)
-  s_BKGTS = _batched_dot("btkgh,bkhs->bkgts", q_BTKGh * scale, _from_storage(k_BKhS, dtype), dtype)
-  s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS, _MASKED)
-  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1)
-  return _batched_dot("bkgts,bksh->btkgh", p_BKGTS, _from_storage(v_BKSh, dtype), dtype)
-
-
-def _cache_attention_tiled(q_BTKGh, k_BKhS, v_BKSh, seg_q_BT, seg_BS, end, tile: int, dtype):
-  """Attention of T new tokens (slots [end, end + T)) over the cache, one key tile of `tile` slots at a time
-  (online softmax, models/attention.py) and only up to the tokens' last slot: a long prompt prefilled in chunks
-  never holds a [T, S] score matrix. Forward only (generation)."""
-  B, T, K, G, h = q_BTKGh.shape
-  S = seg_BS.shape[1]
-  q_BTKGh = q_BTKGh * h ** -0.5
-  q_slot = end + jnp.arange(T)
-
-  def key_tile(j, carry):
-    start = jnp.minimum(j * tile, S - tile)  # the last tile may overlap the one before: its slots are masked
-    k_tile = _from_storage(jax.lax.dynamic_slice_in_dim(k_BKhS, start, tile, axis=3), dtype)
-    v_tile = _from_storage(jax.lax.dynamic_slice_in_dim(v_BKSh, start, tile, axis=2), dtype)
-    seg_k = jax.lax.dynamic_slice_in_dim(seg_BS, start, tile, axis=1)
-    k_slot = start + jnp.arange(tile)
-    fresh = k_slot >= j * tile  # slots an earlier tile has not covered
-    mask_BTs = ((q_slot[:, None] >= k_slot[None, :]) & fresh[None, :])[None] \
-        & (seg_q_BT[:, :, None] == seg_k[:, None, :]) & (seg_k[:, None, :] > 0)
-    s = jnp.where(mask_BTs[:, None, None], _batched_dot("btkgh,bkhs->bkgts", q_BTKGh, k_tile, dtype), -1e30)
-    return attention.softmax_tile(carry, s, mask_BTs, v_tile, "bkgts,bksh->bkgth", dtype)
-
-  tiles = (end + T + tile - 1) // tile  # the causal bound: tiles past the last new slot hold nothing it sees
-  out_BKGTh, _ = attention.softmax_finish(jax.lax.fori_loop(0, tiles, key_tile, attention.softmax_start(B, K, G, T, h)))
-  return jnp.einsum("bkgth->btkgh", out_BKGTh)
-
-
-QUERY_BLOCK = 128
-
-
-def _causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype):
-  """Attention among this call's own tokens (no cache). Queries go in blocks of QUERY_BLOCK, each against
-  only the keys up to its last position: the causal mask hides the rest, so this skips most of the masked
-  upper triangle (10/16 of the work at 512 tokens) and keeps each block's scores small."""
-  T = q_BTKGh.shape[1]
-  scale = q_BTKGh.shape[-1] ** -0.5
-  out = []
-  for t0 in range(0, T, QUERY_BLOCK):
-    t1 = min(t0 + QUERY_BLOCK, T)
-    s_BKGtS = _batched_dot("btkgh,bskh->bkgts", q_BTKGh[:, t0:t1] * scale, k_BTKh[:, :t1], dtype)
-    s_BKGtS = jnp.where(mask_BTS[:, None, None, t0:t1, :t1], s_BKGtS, _MASKED)
-    p_BKGtS = jax.nn.softmax(s_BKGtS, axis=-1)
-    out.append(_batched_dot("bkgts,bskh->btkgh", p_BKGtS, v_BTKh[:, :t1], dtype))
-  return jnp.concatenate(out, axis=1)
-
-
-def _widen(x):
-  """fp32 values of a stored array. uint16 bf16 bits become the high half of fp32 bits by integer ops: a
-  bf16 bitcast there would make XLA:CPU copy the whole cache on every decode step instead of updating it
-  in place."""
-  if x.dtype == jnp.uint16:
-    return jax.lax.bitcast_convert_type(x.astype(jnp.uint32) << 16, jnp.float32)
-  return x.astype(jnp.float32)
-
-
-def _attention_one_query(q_B1KGh, k_BKhS, v_BKSh, mask_B1S, dtype):
-  """Decode attention (one query per row): matrix-vector products, written as multiply + reduce because
-  XLA:CPU fuses those into one pass over the cache, 2-4x faster than its batched-dot kernel at these sizes.
-  Products and sums are fp32 (bf16 operands are widened inside the fusion)."""
-  q_BKGh1 = q_B1KGh[:, 0, ..., None].astype(dtype).astype(jnp.float32)
-  s_BKGS = jnp.sum(q_BKGh1 * _widen(k_BKhS)[:, :, None], axis=3)
-  s_BKGS = jnp.where(mask_B1S[:, :, None], s_BKGS, _MASKED)
-  p_BKGS1 = jax.nn.softmax(s_BKGS, axis=-1)[..., None]
-  if jnp.dtype(dtype) != jnp.float32:
-    p_BKGS1 = p_BKGS1.astype(dtype).astype(jnp.float32)  # the rounding a bf16 dot applies to its operand
-  o_BKGh = jnp.sum(p_BKGS1 * _widen(v_BKSh)[:, :, None], axis=3)
-  return o_BKGh[:, None]
 
 
 def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, segment_BT=None):
   """One pre-norm block on one layer's weights `w` (uint16 entries are bf16 bits).
 
   `kv` None: attend to this call's tokens (by `mask_BTS`, or blockwise by `segment_BT` when the mask is None);
-  returns (x, (k, v)) with this call's keys/values in cache layout and storage dtype. `kv` (cache_k, cache_v, end): write this call's keys/values at slot `end` of that
-  layer's cache, attend to the cache; returns (x, (cache_k, cache_v)).
+  an attention.LayerCache: write this call's keys/values at its slot `end` and attend to the cache (see
+  attention.attend). Returns (x, LayerCache of this call's keys/values or of the updated cache).
   """
   B, T, _ = x_BTD.shape
   K, G = spec.n_kv_heads, spec.n_heads // spec.n_kv_heads
-  w = {name: _from_storage(a, dtype) if a.dtype == jnp.uint16 else a for name, a in w.items()}
+  w = {name: from_storage(a, dtype) if a.dtype == jnp.uint16 else a for name, a in w.items()}
   h_BTD = rms_norm(x_BTD, w["attn_norm"], spec.rms_eps)
   if "wqkv" in w:  # fused by `decode_params`
     qkv_BTF = _dot("btd,df->btf", h_BTD, w["wqkv"], dtype)
@@ -295,27 +170,8 @@ def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, seg
     q_BTHh, k_BTKh = rms_norm(q_BTHh, w["q_norm"], spec.rms_eps), rms_norm(k_BTKh, w["k_norm"], spec.rms_eps)
   q_BTHh, k_BTKh = rope(q_BTHh, cos_BTh, sin_BTh), rope(k_BTKh, cos_BTh, sin_BTh)
   q_BTHh = constrain(q_BTHh, ("batch", "length", "heads", "head_dim"))
-  k_BKhT = _to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
-  v_BKTh = _to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
-  if kv is None and mask_BTS is None:
-    kernel = {"splash": attention.splash_causal_attention, "cudnn": attention.fused_causal_attention}.get(
-        spec.attention, functools.partial(attention.blockwise_causal_attention, dtype=dtype,
-                                           rows_per_step=spec.attention_rows_per_step))
-    o_BTKGh = kernel(q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, segment_BT, block=spec.attention_block)
-    kv = (k_BKhT, v_BKTh)
-  elif kv is None:
-    o_BTKGh = _causal_attention(q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, mask_BTS, dtype)
-    kv = (k_BKhT, v_BKTh)
-  else:
-    cache_k, cache_v, end = kv[:3]
-    seg_BS = kv[3] if len(kv) > 3 else None  # given for a prefill chunk: tiled attention over the cache
-    kv = (jax.lax.dynamic_update_slice(cache_k, k_BKhT, (0, 0, 0, end)),
-          jax.lax.dynamic_update_slice(cache_v, v_BKTh, (0, 0, end, 0)))
-    if mask_BTS is None:
-      o_BTKGh = _cache_attention_tiled(q_BTHh.reshape(B, T, K, G, -1), *kv, segment_BT, seg_BS, end,
-                                       spec.attention_block, dtype)
-    else:
-      o_BTKGh = _attention(q_BTHh.reshape(B, T, K, G, -1), *kv, mask_BTS, dtype)
+  o_BTKGh, kv = attention.attend(spec, q_BTHh.reshape(B, T, K, G, -1), k_BTKh, v_BTKh, segment_BT, mask_BTS, kv,
+                                 dtype)
   wo_FD = w["wo"].reshape(-1, x_BTD.shape[-1])  # [heads * head_dim, D]: one contraction, no relayout
   x_BTD = x_BTD + _dot("btf,fd->btd", o_BTKGh.reshape(B, T, -1), wo_FD, dtype).astype(x_BTD.dtype)
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], spec.rms_eps)
@@ -364,7 +220,8 @@ def _embed(params: Params, spec: ModelSpec, tokens_BT, positions_BT, embeds=None
 def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, dtype, remat: bool,
                  keep_kv: bool, embeds=None):
   """The cache-less forward: `lax.scan` over the stacked layers (compiles once for all of them). Returns the
-  final-normed hidden states and, if `keep_kv`, every layer's keys [L, B, K, hd, T] and values [L, B, K, T, hd]."""
+  final-normed hidden states and, if `keep_kv`, an attention.LayerCache of every layer's keys [L, B, K, hd, T]
+  and values [L, B, K, T, hd]."""
   T = tokens_BT.shape[1]
   x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   slot = jnp.arange(T)
@@ -413,10 +270,10 @@ def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
     layers = unstack_layers(_cast_layers(layers, dtype))
   ks, vs = [], []
   for w, ck, cv in zip(layers, cache.k, cache.v):
-    kv = (ck, cv, cache.end, seg_BS) if tiled else (ck, cv, cache.end)
-    x_BTD, (ck, cv) = _layer(spec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, segment_BT)
-    ks.append(ck)
-    vs.append(cv)
+    kv = attention.LayerCache(ck, cv, cache.end, seg_BS if tiled else None)
+    x_BTD, kv = _layer(spec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, segment_BT)
+    ks.append(kv.k)
+    vs.append(kv.v)
   new_cache = KVCache(k=tuple(ks), v=tuple(vs), segment_BS=seg_BS, end=cache.end + T)
   return rms_norm(x_BTD, params["final_norm"], spec.rms_eps), new_cache
 
@@ -435,11 +292,11 @@ def prefill(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
     raise ValueError(f"cache length {length} is shorter than the prompt ({T} tokens)")
   if 0 < chunk < T:
     return _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk, embeds)
-  hidden_BTD, (k_LBKhT, v_LBKTh) = _scan_layers(params, spec, tokens_BT, positions_BT, segment_BT, dtype, False,
-                                                keep_kv=True, embeds=embeds)
+  hidden_BTD, kv = _scan_layers(params, spec, tokens_BT, positions_BT, segment_BT, dtype, False, keep_kv=True,
+                                embeds=embeds)
   pad = length - T
-  k = tuple(jnp.pad(k_LBKhT[i], ((0, 0), (0, 0), (0, 0), (0, pad))) for i in range(spec.n_layers))
-  v = tuple(jnp.pad(v_LBKTh[i], ((0, 0), (0, 0), (0, pad), (0, 0))) for i in range(spec.n_layers))
+  k = tuple(jnp.pad(kv.k[i], ((0, 0), (0, 0), (0, 0), (0, pad))) for i in range(spec.n_layers))
+  v = tuple(jnp.pad(kv.v[i], ((0, 0), (0, 0), (0, pad), (0, 0))) for i in range(spec.n_layers))
   segment_BS = jnp.pad(segment_BT.astype(jnp.int32), ((0, 0), (0, pad)))
   return hidden_BTD, KVCache(k=k, v=v, segment_BS=segment_BS, end=jnp.asarray(T, jnp.int32))
 
@@ -474,7 +331,7 @@ def _cast_layers(layers: Params, dtype) -> Params:
   if jnp.dtype(dtype) == jnp.float32:
     return layers
   big = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-  return {k: (_to_storage(v, dtype) if k in big and v.dtype != jnp.uint16 else v) for k, v in layers.items()}
+  return {k: (to_storage(v, dtype) if k in big and v.dtype != jnp.uint16 else v) for k, v in layers.items()}
 
 
 def logits_from_hidden(params: Params, spec: ModelSpec, hidden_BTD, dtype=jnp.float32):

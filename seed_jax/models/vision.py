@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seed_jax.models.attention import batched_dot
+from seed_jax.models.xla_cpu import batched_dot
 from seed_jax.models.transformer import rms_norm
 
 Params = dict[str, Any]

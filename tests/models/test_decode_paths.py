@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from seed_jax.models import attention
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 
@@ -65,13 +66,13 @@ def test_one_query_attention_equals_reference(dtype, tol):
   mask[0, 0, :4] = False  # row 0: left padding
   mask[1, 0, 7:] = False  # row 1: empty slots after the current one
   cast = lambda x: jnp.asarray(x).astype(dtype)
-  out = np.asarray(tf._attention(cast(q), cast(k), cast(v), jnp.asarray(mask), dtype), np.float32)
+  out = np.asarray(attention.cache_attention(cast(q), cast(k), cast(v), jnp.asarray(mask), dtype), np.float32)
   ref = _reference_attention(q[:, 0], k, v, mask[:, 0])
   assert out.shape == (B, 1, K, G, h)
   assert np.abs(out[:, 0] - ref).max() <= tol
   # The one-query path agrees with the general (batched-dot) path on the same inputs.
-  two = np.asarray(tf._attention(cast(np.repeat(q, 2, 1)), cast(k), cast(v), jnp.asarray(np.repeat(mask, 2, 1)),
-                                 dtype), np.float32)
+  two = np.asarray(attention.cache_attention(cast(np.repeat(q, 2, 1)), cast(k), cast(v),
+                                            jnp.asarray(np.repeat(mask, 2, 1)), dtype), np.float32)
   assert np.abs(two[:, 0] - out[:, 0]).max() <= tol
 
 
@@ -79,7 +80,7 @@ def test_blocked_causal_attention_equals_reference_across_blocks():
   # 300 tokens: three query blocks of 128/128/44; row 0 is left-padded, row 1 packs two segments.
   rng = np.random.default_rng(2)
   B, T, K, G, h = 2, 300, 1, 2, 8
-  assert T > 2 * tf.QUERY_BLOCK
+  assert T > 2 * attention.QUERY_BLOCK
   q = rng.normal(size=(B, T, K, G, h)).astype(np.float32)
   k = rng.normal(size=(B, T, K, h)).astype(np.float32)
   v = rng.normal(size=(B, T, K, h)).astype(np.float32)
@@ -88,7 +89,8 @@ def test_blocked_causal_attention_equals_reference_across_blocks():
   seg[1, 150:] = 2
   t = np.arange(T)
   mask = (t[None, :, None] >= t[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
-  out = np.asarray(tf._causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask), jnp.float32))
+  out = np.asarray(attention.dense_causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask),
+                                                    jnp.float32))
   for b in range(B):
     for r in (0, 127, 128, 151, 299):  # block edges and the first tokens of a segment
       if seg[b, r] == 0:

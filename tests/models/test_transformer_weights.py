@@ -11,7 +11,7 @@ import pytest
 
 from helpers import hf_logits, hf_tiny_model, left_padded
 from seed_jax.infra.mesh import make_mesh
-from seed_jax.models import tokenizer as tokenizer_lib
+from seed_jax.models import load
 from seed_jax.models import transformer as tf
 from seed_jax.models import weights
 from seed_jax.models.spec import ModelSpec
@@ -111,7 +111,7 @@ def test_weight_errors_are_clear(tmp_path):
   with pytest.raises(FileNotFoundError, match="no config.json"):
     weights.load_hf(str(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError, match="GGUF file not found"):
-    weights.load_model(str(tmp_path / "x.gguf"))
+    load.load_model(str(tmp_path / "x.gguf"))
   with pytest.raises(ValueError, match=r"unsupported architecture 'GPT2LMHeadModel'.*LlamaForCausalLM"):
     weights.load_hf(_tiny_folder(tmp_path / "gpt2", architectures=["GPT2LMHeadModel"]))
   with pytest.raises(ValueError, match=r"shape mismatch for model.layers.0.mlp.gate_proj.weight.*\(96, 64\).*\(64, 80\)"):
