@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 import numpy as np
 
-from seed_jax import records
+from seed_jax import records, report
 
 DONE_FILE = "run_done.json"
 
@@ -94,7 +94,6 @@ def plot(results: dict[str, dict[int, dict]], path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from matplotlib.ticker import MaxNLocator
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
   for ax, key, label in ((axes[0], "success", "eval success"), (axes[1], "ret", "eval return")):
     for arm, runs in results.items():
@@ -121,15 +120,7 @@ def plot(results: dict[str, dict[int, dict]], path: str) -> None:
         m, _ = _mean_se([c[:n] for c in curves])
         ax.plot(range(1, n + 1), m, style, color=COLORS["seed"], label=f"seed: {name}")
   ax.set_title("skill-parse rate, OPD gate and gap (SEED arm)")
-  for ax in axes:
-    ax.set_xlabel("update")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  report.save_figure(fig, axes, path, "update", dpi=110)
 
 
 def summarize(results: dict[str, dict[int, dict]], baseline: str = "grpo") -> str:

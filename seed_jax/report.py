@@ -118,7 +118,6 @@ def plot_curves(updates: Sequence[dict], evals: Sequence[dict], path: str) -> No
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from matplotlib.ticker import MaxNLocator
   x = [int(r["step"]) + 1 for r in updates]
   series = lambda key: [_num(r, key) for r in updates]
   fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
@@ -139,14 +138,21 @@ def plot_curves(updates: Sequence[dict], evals: Sequence[dict], path: str) -> No
     if any(f"time/{p}_s" in r for r in updates):
       ax.plot(x, series(f"time/{p}_s"), "o-", label=p)
   ax.set_title("phase seconds")
-  for ax in axes.ravel():
-    ax.set_xlabel("updates done")
+  save_figure(fig, axes.ravel(), path, "updates done")
+
+
+def save_figure(fig, axes, path: str, xlabel: str, dpi: int = 100) -> None:
+  """Integer update ticks, a light grid and a legend where a panel has labels on every axis, then the PNG."""
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
+  for ax in axes:
+    ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=dpi)
   plt.close(fig)
 
 
