@@ -36,7 +36,7 @@ def _inputs(T=45, B=2, K=2, G=3, h=8, seed=0):
   return q, k, v, jnp.asarray(seg), w
 
 
-@pytest.mark.parametrize("block", [8, 16, 64])
+@pytest.mark.parametrize("block", [pytest.param(8, marks=pytest.mark.slow), 16, 64])  # 8: the most tiles
 def test_values_and_gradients_equal_the_materialized_softmax(block):
   q, k, v, seg, w = _inputs()
   out = attention.blockwise_causal_attention(q, k, v, seg, block=block)
@@ -48,6 +48,7 @@ def test_values_and_gradients_equal_the_materialized_softmax(block):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
 
+@pytest.mark.slow
 def test_packed_rows_skip_the_tiles_of_other_segments():
   """One packed row per batch: key blocks before a query block's earliest segment and query blocks after a key
   block's last segment are never visited, and the result is unchanged, also when a segment id recurs later in
@@ -107,6 +108,7 @@ def test_row_steps_under_a_mesh_stay_inside_each_shard():
   assert collectives and all(re.search(r"= (s32|\(s32)", line) for line in collectives), collectives
 
 
+@pytest.mark.slow
 def test_remat_keeps_the_attention_output_instead_of_rewalking_the_tiles(capsys, monkeypatch):
   """A rematerialized layer saves the blockwise attention's output and log-sum-exp (SAVED_UNDER_REMAT; per
   layer, in head-major tiles [L, n, B, K, G, block, (h)]), so the backward does not repeat the forward's tile
@@ -154,6 +156,7 @@ SPEC = ModelSpec("Qwen3ForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=
                  ffn_dim=96)
 
 
+@pytest.mark.slow
 def test_transformer_forward_and_gradient_match_the_blocked_path():
   params = tf.init_params(SPEC, 3)
   params["embed"] = params["embed"] * 30
@@ -196,6 +199,7 @@ def test_blockwise_training_memory_grows_linearly():
   assert blockwise[1] < blocked[1] / 2, (blockwise, blocked)
 
 
+@pytest.mark.slow
 def test_splash_kernel_in_interpret_mode_equals_the_materialized_softmax():
   """JAX's Pallas splash kernel behind the same contract (run by Pallas' interpreter on CPU): packed segments,
   left padding and a padded tail, grouped-query heads; values and gradients."""
