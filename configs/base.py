@@ -46,7 +46,11 @@ def get_base() -> ml_collections.ConfigDict:
   c.rollout.stop_strings = ("</action>",)  # generation of a row also ends at these (after EOS)
 
   a = c.analyzer = ml_collections.ConfigDict()
-  a.backend = "policy"  # "policy": the current weights decode greedily; "external": an OpenAI-compatible server
+  # "policy": the current weights decode greedily (self-analysis); "oracle": privileged gold-path skills (the upper
+  # bound: they name actions the trajectory never shows); "external": an OpenAI-compatible server
+  a.backend = "policy"
+  a.control = "none"  # "shuffled": each trajectory gets another task's skill of the same backend (a null signal)
+  a.teacher_metrics = True  # every update with skills, where the env has gold paths: teacher/* (teacher_quality.py)
   a.max_prompt_tokens = 16384  # analysis prompts are fitted to this many tokens by dropping the oldest steps
   a.max_new_tokens = 4096  # longest analysis reply (policy backend; the external one uses external.max_tokens)
   a.max_skill_chars = 2000  # a longer skill is cut to this many characters (it enters every step prompt); 0 = no cap
@@ -181,6 +185,10 @@ def get_base() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.temperature = 0.4
+  # Temperatures each evaluation plays the panel at (0.0 = greedy), on the same draws' keys; () = eval.temperature
+  # alone. The first must equal eval.temperature and keeps the eval/<split>/* keys; the others write
+  # eval/<split>_t<T>/*. Every evaluation's episodes are dumped (dumps/eval_episodes_step<updates>.jsonl).
+  c.eval.temperatures = ()
   c.eval.split = "eval"
   c.eval.max_tasks = 0  # 0 = the whole panel
   # Stage "eval" (seed_jax/evaluate.py): a run's workdir or checkpoints folder to score ("" = model.path's own
@@ -199,7 +207,14 @@ def get_base() -> ml_collections.ConfigDict:
   w.envs = 4  # envs playing gold paths in parallel
   w.reasoning = True  # demo replies carry one short <think> line before the action (False: the action only)
   w.policy_weight = 1  # times each demo step record enters the SFT mix
-  w.analyzer_weight = 1  # times each analyzer record (oracle reply on the demo's RL-length view) enters it
+  w.analyzer_weight = 1  # times each analyzer record (an analysis of the demo's RL-length view) enters it
+  # Who writes the analyzer records: "hindsight" (honest: only what the trajectory shows, as the policy must when it
+  # analyses its own episodes) | "oracle" (privileged: failure rules name gold actions the trajectory never shows)
+  w.analyzer_source = "hindsight"
+  # > 0: the demo-SFT policy plays this many train tasks (one episode each, at the rollout sampling), annotated by
+  # analyzer_source, and a second SFT pass on the policy records + these analyzer records gives the warm policy
+  # (failures as well as successes, as its own rollouts produce them); 0 = off
+  w.self_play_rollouts = 0
   w.cache_dir = ""  # before_rl: finished warm starts are kept here by config hash; "" = ~/.cache/seed_jax/warmstart
 
   j = c.compile_cache = ml_collections.ConfigDict()  # JAX's persistent compilation cache

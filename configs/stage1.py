@@ -2,8 +2,8 @@
 SmolLM2-135M) and the same with `,paper` (SEED's values: 180 tasks x 8 rollouts at temperature 0.4, 3 epochs,
 lr 5e-6, batch 8, AdamW b=(0.9, 0.95), warmup 10 %, cosine, 8k tokens).
 
-`:warmstart` fine-tunes the policy itself on gold-path demos rendered as RL's step prompts, mixed with oracle
-analyzer records (seed_jax/warmstart.py); RL then starts from its export. The embedded default runs it as RL's
+`:warmstart` fine-tunes the policy itself on gold-path demos rendered as RL's step prompts, mixed with hindsight
+analyzer records (seed_jax/warmstart.py, seed_jax/hindsight.py); RL then starts from its export. The embedded default runs it as RL's
 first phase (warmstart.before_rl) and caches the result.
 
 The three Stage 1 stages share one workdir:

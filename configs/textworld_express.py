@@ -26,9 +26,10 @@ def paper(c, _=True) -> None:
 
 def experiment(c, paper: bool) -> None:
   """SEED against GRPO at CPU size (python -m seed_jax.experiment --config=configs/textworld_express.py:experiment
-  --seeds=0,1): coin collection over 4 rooms, action-only replies, a weak warm start (4 SFT steps on 2 gold-path
-  demos) shared by every arm and seed, evaluation on a fixed 32-game panel at the training temperature before
-  training and after the last update.
+  --seeds=0,1): coin collection over 4 rooms, action-only replies, a weak warm start (SFT on 2 gold-path
+  demos, then on those and the honest hindsight analyses of 12 of its own episodes) shared by every arm and
+  seed, evaluation on a fixed 32-game panel at the training temperature before training and after the last
+  update. `--mode=paired` runs the one-update test on it instead (seed_jax/paired.py).
 
   The warm start is weak on purpose: from 8 demos the policy already solved most of the panel and RL had no room
   (docs/results/). From 2 demos it writes a valid action at temperature 0.4 but mostly not at 1.0, where RL
@@ -53,6 +54,7 @@ def experiment(c, paper: bool) -> None:
   c.warmstart.before_rl = True
   stage1.cpu_warmstart(c)
   c.warmstart.num_tasks, c.warmstart.reasoning = 2, False
+  c.warmstart.self_play_rollouts = 12  # failures to analyse: the demos all succeed
   c.train.num_updates = 3
   c.eval.every, c.eval.max_tasks, c.eval.at_start = 0, 32, True
   c.eval.temperature = c.rollout.temperature
@@ -60,11 +62,20 @@ def experiment(c, paper: bool) -> None:
 
 def accelerator(c, _: bool) -> None:
   """After "experiment": the same experiment at accelerator size (one GPU/TPU chip, meant for minutes an arm and
-  seed): 32 tasks x 8 rollouts per update, 40 updates, the whole 50-game panel every 10, bf16 generation, bigger
-  calls and mini-batches."""
+  seed): 32 tasks x 8 rollouts per update, 40 updates, bf16 generation, bigger calls and mini-batches. Every 10
+  updates (and before the first, after the last) the whole 50-game panel is played greedily and at 0.4, on the
+  same keys, so each evaluation's episodes pair across arms and temperatures (McNemar in summary.md).
+
+  Wall time of one arm and seed, from the metrics a run writes (nothing here is measured):
+    U x (time/rollout_s + time/analysis_s + time/rescore_s + time/update_s)  +  E x time/eval_s
+  with U = train.num_updates = 40 updates and E = U / eval.every + 1 = 5 evaluations (at 0, 10, 20, 30, 40
+  updates); time/eval_s covers both temperatures (two panel passes, each one chunk: 50 games <= 32 x 8 envs).
+  The experiment is arms x seeds of that (2 x 3 with the default --seeds=0,1,2), plus the shared warm start
+  once and a compile per new program shape in the first run (the compile cache serves the others)."""
   c.rollout.tasks_per_update, c.rollout.group_size = 32, 8
   c.train.num_updates = 40
   c.eval.every, c.eval.max_tasks = 10, 0
+  c.eval.temperature, c.eval.temperatures = 0.0, (0.0, 0.4)  # the first temperature keeps eval/<split>/*
   c.sampler.dtype, c.sampler.max_batch, c.rescore.max_rows = "bfloat16", 256, 256
   c.learner.minibatch_size, c.learner.micro_batch_size = 256, 32
   c.rescore.pack_tokens = 65536

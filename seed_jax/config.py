@@ -27,7 +27,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention": ("auto", "blocked", "xla_blockwise", "splash", "cudnn"),
     "learner.teacher": ("old", "current"),
     "learner.schedule": ("constant", "warmup_cosine", "warmup_constant"),
-    "analyzer.backend": ("policy", "external"),
+    "analyzer.backend": ("policy", "oracle", "external"),
+    "analyzer.control": ("none", "shuffled"),
     "objectives.adv_estimator": ("grpo", "gigpo"),
     "objectives.norm_mode": ("mean_std_norm", "mean_norm"),
     "objectives.grpo_stats": ("step", "trajectory"),
@@ -38,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "annotate.local_dtype": ("float32", "bfloat16"),
     "sft.schedule": ("constant", "warmup_cosine"),
     "sft.dtype": ("float32", "bfloat16"),
+    "warmstart.analyzer_source": ("hindsight", "oracle"),
     "templates.skill_placement": templates.PLACEMENTS,
     "mesh.ref_params_memory": ("device", "pinned_host"),
 }
@@ -52,7 +54,7 @@ _STAGE_POSITIVE = {
     "warmstart": ("warmstart.num_tasks", "warmstart.envs", "warmstart.policy_weight"),
 }
 _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac"),
-                       "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight")}
+                       "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight", "warmstart.self_play_rollouts")}
 _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")
@@ -161,6 +163,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if not 0 < o.gigpo_similarity <= 1:
     raise ValueError(f"config.objectives.gigpo_similarity={o.gigpo_similarity} must be in (0, 1]")
   check_mesh_shapes(cfg.mesh)
+  temps = tuple(cfg.eval.get("temperatures", ()))  # the first keeps the untagged eval keys: eval.temperature
+  if temps and (temps[0] != cfg.eval.temperature or len(set(temps)) < len(temps) or min(temps) < 0):
+    raise ValueError(f"config.eval.temperatures={temps} must hold distinct temperatures >= 0, the first "
+                     f"config.eval.temperature={cfg.eval.temperature}")
   if cfg.analyzer.backend == "external" or (cfg.stage == "annotate" and cfg.annotate.analyzer == "external"):
     if cfg.analyzer.external.concurrency < 1:
       raise ValueError(f"config.analyzer.external.concurrency={cfg.analyzer.external.concurrency} must be >= 1")

@@ -5,6 +5,9 @@ A successful trajectory yields its workflow: its key actions in order (valid act
 accepted, immediate repeats collapsed). A failed trajectory yields an avoidance rule at its first divergence
 from the gold path: the action it should have taken there, and the warning sign, which is the observation
 the agent saw at that point. Replies use the analyzers' JSON schema (`skills.format_skill_json`).
+
+The oracle is privileged: a failure's rule names the gold action, which the trajectory never shows. The
+honest annotator (hindsight.py) writes only what the trajectory shows and reuses the helpers below.
 """
 from __future__ import annotations
 
@@ -19,39 +22,64 @@ from seed_jax.envs.pool import EnvPool
 # step changed nothing, so it is not part of a workflow.
 REJECTED_REPLIES = ("unknown action", "no known action matches")
 WARNING_CHARS = 160  # the warning-sign observation is quoted on one line, clipped to this many characters
+CLIPPED = " ..."  # ends a clipped quote
 _SPACES = re.compile(r"\s+")
 
 
-def _norm(action: str) -> str:
+def norm(action: str) -> str:
+  """An action as skills quote it and as actions are compared: lower case, runs of spaces made one."""
   return _SPACES.sub(" ", action.strip().lower())
 
 
-def _quote(text: str, limit: int = WARNING_CHARS) -> str:
+def quote(text: str, limit: int = WARNING_CHARS) -> str:
+  """`text` on one line with double quotes made single, so it can stand inside "...", clipped to `limit`
+  characters (then ending in " ...")."""
   text = _SPACES.sub(" ", text).strip().replace('"', "'")
-  return text if len(text) <= limit else text[:limit].rstrip() + " ..."
+  return text if len(text) <= limit else text[:limit].rstrip() + CLIPPED
 
 
-def _rejected(observation: str) -> bool:
+def rejected(observation: str) -> bool:
+  """Whether an observation is the simulator's reply to an action it did not understand."""
   return observation.strip().lower().startswith(REJECTED_REPLIES)
+
+
+def observation_after(traj: Trajectory, k: int) -> str:
+  """What step k's action led to, as far as the trajectory shows ("" after its last step)."""
+  return traj.steps[k + 1].observation if k + 1 < len(traj.steps) else ""
 
 
 def key_actions(traj: Trajectory) -> list[str]:
   """Valid actions the env accepted (the next observation is not a rejection), immediate repeats collapsed."""
   out: list[str] = []
   for k, step in enumerate(traj.steps):
-    after = traj.steps[k + 1].observation if k + 1 < len(traj.steps) else ""
-    if not step.action_valid or _rejected(after):
+    if not step.action_valid or rejected(observation_after(traj, k)):
       continue
-    if not out or _norm(out[-1]) != _norm(step.action):
-      out.append(_norm(step.action))
+    if not out or norm(out[-1]) != norm(step.action):
+      out.append(norm(step.action))
   return out
+
+
+def numbered(actions: Sequence[str]) -> str:
+  """`1. a; 2. b; ...`: how a workflow lists its actions."""
+  return "; ".join(f"{i}. {a}" for i, a in enumerate(actions, 1))
+
+
+def workflow_analysis(traj: Trajectory) -> tuple[str, str] | None:
+  """A success's (summary, workflow of its key actions); None when it has no key action. It needs no gold path,
+  so the honest annotator (hindsight.py) writes successes the same way."""
+  actions = key_actions(traj)
+  if not actions:
+    return None
+  return (f"The agent completed the task in {traj.length} steps with {len(actions)} key actions.",
+          f"Follow this workflow: {numbered(actions)}. Do the steps in this order, once each, using the names you "
+          "observe.")
 
 
 def first_divergence(traj: Trajectory, gold: Sequence[str]) -> int:
   """Index of the first step whose action differs from the gold path's action at that index; len(steps)
   when every step followed the gold path."""
   for k, step in enumerate(traj.steps):
-    if k >= len(gold) or _norm(step.action) != _norm(gold[k]):
+    if k >= len(gold) or norm(step.action) != norm(gold[k]):
       return k
   return len(traj.steps)
 
@@ -62,33 +90,28 @@ def oracle_analysis(traj: Trajectory, gold: Sequence[str] | None,
   without a gold path, or one that already followed the whole gold path)."""
   n, end = traj.length, traj.termination
   if skills.is_success(traj, success_threshold):
-    actions = key_actions(traj)
-    if not actions:
-      return None
-    flow = "; ".join(f"{i}. {a}" for i, a in enumerate(actions, 1))
-    return (f"The agent completed the task in {n} steps with {len(actions)} key actions.",
-            f"Follow this workflow: {flow}. Do the steps in this order, once each, using the names you observe.")
+    return workflow_analysis(traj)
   if not gold:
     return None
   k = first_divergence(traj, gold)
   if k >= len(gold):
     return None
-  expected = _norm(gold[k])
+  expected = norm(gold[k])
   if k == n:  # every step was on the gold path; the episode ended before it was finished
     summary = (f"The agent failed ({end}, {n} steps) while still on the gold path; the next gold action was "
                f'"{expected}".')
     if not n:
       return summary, f'Start with "{expected}".'
-    return summary, f'Do not stop or stall after "{_norm(traj.steps[-1].action)}": continue with "{expected}".'
+    return summary, f'Do not stop or stall after "{norm(traj.steps[-1].action)}": continue with "{expected}".'
   step = traj.steps[k]
-  warning = _quote(step.observation)
+  warning = quote(step.observation)
   if not step.action_valid:
     reason = step.info.get("invalid_reason") or "invalid"
     return (f"The agent failed ({end}, {n} steps); at step {k + 1} its reply was not a valid action ({reason}).",
             f'When you see "{warning}", reply with a valid action in the required format: "{expected}".')
-  return (f'The agent failed ({end}, {n} steps); at step {k + 1} it did "{_norm(step.action)}" where the gold '
+  return (f'The agent failed ({end}, {n} steps); at step {k + 1} it did "{norm(step.action)}" where the gold '
           f'path does "{expected}".',
-          f'When you see "{warning}", do "{expected}" instead of "{_norm(step.action)}".')
+          f'When you see "{warning}", do "{expected}" instead of "{norm(step.action)}".')
 
 
 def oracle_reply(traj: Trajectory, gold: Sequence[str] | None, success_threshold: float = 1.0) -> str:

@@ -9,11 +9,17 @@ step shows holds the action as the rollout would store it (the parsed action), s
 byte-identical to the prompt a rollout that played the gold actions renders at that state.
 
 Analyzer records: each demo episode cut to RL's episode length (`env.max_steps`), as RL's analyzer sees it,
-analysed by the gold-path oracle (`sft_oracle`), as Stage 1's annotation writes them.
+analysed by `warmstart.analyzer_source`: "hindsight" (the default, `hindsight.py`) writes only what the
+trajectory shows, as the policy must when it analyses its own episodes at RL time; "oracle" (`sft_oracle`) is
+privileged, its failure rules name gold actions the trajectory never shows.
 
 Both kinds go through the packed SFT trainer (`sft.train`) in one run, each repeated by its weight, and the
-result is exported as an HF folder. `ensure_warm_policy` caches that export under a folder keyed by every
-setting that shapes it, so a second run reuses it.
+result is exported as an HF folder. Demos are successes (or cut at the step limit), so with
+`warmstart.self_play_rollouts` > 0 that first export plays train tasks as RL's rollouts do, its episodes are
+annotated by the same source, and a second SFT pass from the base model on the policy records and these analyzer
+records (both outcomes, as the policy's own rollouts produce them) gives the warm policy.
+`ensure_warm_policy` caches the export under a folder keyed by every setting that shapes it, so a second run
+reuses it.
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ from typing import Any, Sequence
 import ml_collections
 import tqdm
 
+from seed_jax import hindsight
 from seed_jax import records as records_lib
-from seed_jax import sft_oracle, skills, templates
+from seed_jax import report, sft_oracle, skills, stage1, templates
 from seed_jax.envs import get_family
 from seed_jax.envs.base import EnvError, Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
@@ -43,9 +50,17 @@ log = logging.getLogger(__name__)
 RECORDS_FILE = "warmstart_records.jsonl"
 EXPORT_DIR = "export"
 DONE_FILE = "warmstart_stats.json"
+# With self-play: the first SFT pass's workdir (its export plays the episodes), the episodes (stage1.collect's
+# resumable log) and the second pass's records.
+DEMO_DIR = "demo_sft"
+SELF_PLAY_TRAJECTORIES = "self_play_trajectories.jsonl"
+SELF_PLAY_RECORDS = "self_play_records.jsonl"
 # The config sections whose values change what the warm start trains on or how: the cache key.
 _KEY_FIELDS = ("model.path", "model.tokenizer", "model.max_prompt_tokens", "env", "warmstart", "sft", "seed",
                "analyzer.max_prompt_tokens", "analyzer.success_threshold")
+# ... and with self-play, how the episodes are sampled.
+_SELF_PLAY_KEY_FIELDS = ("rollout.temperature", "rollout.top_p", "rollout.top_k", "rollout.max_new_tokens",
+                         "rollout.stop_strings", "sampler.dtype")
 
 
 def demo_response(action: str, reasoning: bool = True) -> str:
@@ -149,23 +164,46 @@ def rl_view(traj: Trajectory, max_steps: int) -> Trajectory:
                              termination="max_steps")
 
 
+def analyzer_reply(traj: Trajectory, gold: Sequence[str] | None, cfg: ml_collections.ConfigDict) -> str:
+  """One analyzer record's target from `warmstart.analyzer_source` ("" when it has nothing to say). A hindsight
+  target quoting what its trajectory does not show would teach the policy to invent: that is an error."""
+  thr = cfg.analyzer.success_threshold
+  if cfg.warmstart.analyzer_source == "oracle":
+    return sft_oracle.oracle_reply(traj, gold, thr)
+  out = hindsight.hindsight_analysis(traj, thr)
+  if out is None:
+    return ""
+  if unseen := [q for text in out for q in hindsight.unseen_mentions(traj, text)]:
+    raise ValueError(f"warm start: the hindsight analysis of task {traj.task.task_id} quotes {unseen}, which its "
+                     "trajectory does not show")
+  return skills.format_skill_json(*out)
+
+
+def analyzer_records(trajs: Sequence[Trajectory], golds: Sequence[Sequence[str] | None],
+                     cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> list[dict]:
+  """An analysis prompt -> reply record for each trajectory the source has something to say about, with its
+  outcome (`success`)."""
+  count = lambda s: len(tokenizer.encode_chat(s))
+  thr = cfg.analyzer.success_threshold
+  out = []
+  for t, gold in zip(trajs, golds):
+    if reply := analyzer_reply(t, gold, cfg):
+      prompt = skills.analysis_prompt_fitted(t, count, cfg.analyzer.max_prompt_tokens, thr)
+      out.append(dict(kind="analyzer", task_id=t.task.task_id, step=-1, prompt=prompt, response=reply,
+                      success=skills.is_success(t, thr)))
+  return out
+
+
 def build_records(trajs: Sequence[Trajectory], golds: Sequence[Sequence[str]], cfg: ml_collections.ConfigDict,
                   tokenizer: tokenizer_lib.Tokenizer) -> list[dict]:
-  """Policy records (every demo step) and analyzer records (oracle replies on the RL-length view), each
+  """Policy records (every demo step) and analyzer records (the source's replies on the RL-length view), each
   repeated by its weight in `cfg.warmstart`."""
   wc = cfg.warmstart
   policy = [dict(kind="policy", task_id=t.task.task_id, step=k, prompt=s.prompt_text, response=s.response_text)
             for t in trajs for k, s in enumerate(t.steps)]
   analyzer = []
   if wc.analyzer_weight:
-    count = lambda s: len(tokenizer.encode_chat(s))
-    thr = cfg.analyzer.success_threshold
-    for t, gold in zip(trajs, golds):
-      view = rl_view(t, cfg.env.max_steps)
-      reply = sft_oracle.oracle_reply(view, gold, thr)
-      if reply:
-        prompt = skills.analysis_prompt_fitted(view, count, cfg.analyzer.max_prompt_tokens, thr)
-        analyzer.append(dict(kind="analyzer", task_id=t.task.task_id, step=-1, prompt=prompt, response=reply))
+    analyzer = analyzer_records([rl_view(t, cfg.env.max_steps) for t in trajs], golds, cfg, tokenizer)
   return policy * wc.policy_weight + analyzer * wc.analyzer_weight
 
 
@@ -203,24 +241,95 @@ def write_records(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, flo
 
 
 def _stats(records: Sequence[dict]) -> dict[str, float]:
-  return {"warmstart/policy_records": float(sum(r["kind"] == "policy" for r in records)),
-          "warmstart/analyzer_records": float(sum(r["kind"] == "analyzer" for r in records))}
+  analyzer = [r for r in records if r["kind"] == "analyzer"]
+  return {"warmstart/policy_records": float(len(records) - len(analyzer)),
+          "warmstart/analyzer_records": float(len(analyzer)),
+          "warmstart/analyzer_success_records": float(sum(bool(r.get("success")) for r in analyzer)),
+          "warmstart/analyzer_failure_records": float(sum(not r.get("success") for r in analyzer))}
 
 
-def sft_config(cfg: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """The run's config with the SFT stage reading the warm-start records and exporting into the workdir."""
+def self_play_config(cfg: ml_collections.ConfigDict, workdir: str, policy: str) -> ml_collections.ConfigDict:
+  """Stage 1's collection config for self-play: `policy` plays `warmstart.self_play_rollouts` train tasks (the
+  first of RL's task stream), one episode each, `warmstart.envs` at a time, sampling as RL's rollouts do."""
   c = ml_collections.ConfigDict(cfg.to_dict())
-  c.sft.data = os.path.join(workdir, RECORDS_FILE)
+  c.model.path, c.model.tokenizer = policy, ""
+  k = c.collect
+  k.num_tasks, k.rollouts, k.tasks_per_batch = cfg.warmstart.self_play_rollouts, 1, cfg.warmstart.envs
+  k.temperature, k.top_p, k.max_new_tokens = cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens
+  k.output = os.path.join(workdir, SELF_PLAY_TRAJECTORIES)
+  return c
+
+
+def self_play_records(cfg: ml_collections.ConfigDict, workdir: str, trajs: Sequence[Trajectory]) -> list[dict]:
+  """The second pass's records: the demo policy records, then the analyzer records of the self-play episodes
+  (env errors and empty episodes left out, as Stage 1's annotation does)."""
+  usable = [t for t in trajs if t.steps and t.termination != "env_error"]
+  golds: list = [None] * len(usable)
+  if cfg.warmstart.analyzer_source == "oracle":
+    golds = sft_oracle.fetch_gold_paths(get_family(cfg.env.name), cfg.env, [t.task for t in usable], cfg.warmstart.envs)
+  tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+  policy = [r for r in records_lib.read_records(os.path.join(workdir, RECORDS_FILE)) if r["kind"] == "policy"]
+  return policy + analyzer_records(usable, golds, cfg, tok) * cfg.warmstart.analyzer_weight
+
+
+def write_self_play_records(cfg: ml_collections.ConfigDict, workdir: str, policy: str,
+                            mesh=None) -> dict[str, float]:
+  """Plays the self-play episodes of `policy` (stage1.collect: resumable) and writes the second pass's records to
+  <workdir>/self_play_records.jsonl at once, unless they are already there. Returns the records' counts and the
+  episodes' rollout metrics (warmstart/self_play/*)."""
+  path = os.path.join(workdir, SELF_PLAY_RECORDS)
+  if not os.path.exists(path):
+    stage1.collect(self_play_config(cfg, workdir, policy), workdir, mesh)
+  trajs = [t for _, t in stage1.load_trajectories(os.path.join(workdir, SELF_PLAY_TRAJECTORIES))]
+  if not os.path.exists(path):
+    records_lib.write_records(path, self_play_records(cfg, workdir, trajs))
+  stats = _stats(records_lib.read_records(path))
+  stats.update({k: v for k, v in report.rollout_metrics(trajs, "warmstart/self_play").items()
+                if not k.endswith("response_tokens")})  # collected episodes keep no token ids
+  log.info("warm start: %d self-play episodes (success %.3f, invalid-action rate %.3f) -> %s", len(trajs),
+           stats.get("warmstart/self_play/success", 0.0), stats.get("warmstart/self_play/invalid_action_rate", 0.0),
+           path)
+  return stats
+
+
+def sft_config(cfg: ml_collections.ConfigDict, workdir: str, data: str = "") -> ml_collections.ConfigDict:
+  """The run's config with the SFT stage reading the warm-start records (`data`, default <workdir>/
+  warmstart_records.jsonl) and exporting into the workdir."""
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  c.sft.data = data or os.path.join(workdir, RECORDS_FILE)
   c.sft.export_dir = os.path.join(workdir, EXPORT_DIR)
   return c
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
-  """Demos -> records -> packed SFT -> HF export; resumable (records are kept, SFT resumes from its
-  checkpoints). Returns the stats and the export folder."""
+def _demo_pass(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
+  """With self-play, the first SFT pass (demo records) in <workdir>/demo_sft; once finished (sft_stats.json is
+  written after its export), a resumed warm start reads its stats instead of loading it again."""
   from seed_jax import sft
+  folder = os.path.join(workdir, DEMO_DIR)
+  c = sft_config(cfg, folder, os.path.join(workdir, RECORDS_FILE))
+  done = os.path.join(folder, "sft_stats.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return {"metrics": json.load(f), "export_dir": c.sft.export_dir}
+  return sft.train(c, folder, mesh)
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
+  """Demos -> records -> packed SFT -> HF export, with self-play: -> episodes -> records -> SFT again;
+  resumable (records are kept, SFT resumes from its checkpoints). Returns the stats and the export folder."""
+  from seed_jax import sft
+  if cfg.warmstart.self_play_rollouts < 0:
+    raise ValueError(f"config.warmstart.self_play_rollouts={cfg.warmstart.self_play_rollouts} must be >= 0")
   stats = write_records(cfg, workdir)
-  out = sft.train(sft_config(cfg, workdir), workdir, mesh)
+  data = os.path.join(workdir, RECORDS_FILE)
+  if cfg.warmstart.self_play_rollouts:
+    demo = _demo_pass(cfg, workdir, mesh)
+    # The demo records' counts keep a demo_ prefix; the unprefixed ones count what the warm policy trains on.
+    stats = {k.replace("warmstart/", "warmstart/demo_") if k.endswith("_records") else k: v for k, v in stats.items()}
+    stats.update({f"demo_{k}": v for k, v in demo["metrics"].items()})
+    stats.update(write_self_play_records(cfg, workdir, demo["export_dir"], mesh))
+    data = os.path.join(workdir, SELF_PLAY_RECORDS)
+  out = sft.train(sft_config(cfg, workdir, data), workdir, mesh)
   stats.update(out["metrics"])
   return {"metrics": stats, "export_dir": out["export_dir"]}
 
@@ -230,7 +339,7 @@ def cache_key(cfg: ml_collections.ConfigDict) -> str:
   d = cfg.to_dict()
   d["warmstart"] = {k: v for k, v in d["warmstart"].items() if k not in ("before_rl", "cache_dir")}
   picked = {}
-  for field in _KEY_FIELDS:
+  for field in _KEY_FIELDS + (_SELF_PLAY_KEY_FIELDS if cfg.warmstart.self_play_rollouts else ()):
     node = d
     for part in field.split("."):
       node = node.get(part) if isinstance(node, dict) else None
@@ -261,12 +370,14 @@ def ensure_warm_policy(cfg: ml_collections.ConfigDict, mesh=None) -> str:
   if os.path.exists(done):
     print(f"seed_jax: warm-started policy from the cache, {export}")
     return export
-  print(f"seed_jax: warm start (gold-path demos + analyzer records, SFT) into {folder}")
+  plays = " + self-play" if cfg.warmstart.self_play_rollouts else ""
+  print(f"seed_jax: warm start (gold-path demos{plays} + analyzer records, SFT) into {folder}")
   out = run(cfg, folder, mesh)
   with open(done, "w") as f:  # written last: a folder without it is an unfinished warm start, resumed next time
     json.dump(out["metrics"], f, indent=2, default=float)
   from seed_jax import sft
-  shutil.rmtree(os.path.join(folder, sft.CHECKPOINT_DIR), ignore_errors=True)  # the export is what the cache keeps
+  for scratch in (sft.CHECKPOINT_DIR, DEMO_DIR):  # the export is what the cache keeps
+    shutil.rmtree(os.path.join(folder, scratch), ignore_errors=True)
   return out["export_dir"]
 
 

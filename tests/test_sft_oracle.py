@@ -48,8 +48,9 @@ def test_success_yields_the_workflow_of_key_actions(twx_gold):
       "The agent completed the task in 7 steps with 4 key actions.",
       "Follow this workflow: 1. look around; 2. move east; 3. look around; 4. take coin. Do the steps in this "
       "order, once each, using the names you observe.")
-  # A success needs no gold path.
+  # A success needs no gold path: it is the workflow the honest annotator writes too.
   assert sft_oracle.oracle_analysis(traj, None) == sft_oracle.oracle_analysis(traj, gold)
+  assert sft_oracle.oracle_analysis(traj, gold) == sft_oracle.workflow_analysis(traj)
 
 
 def test_failure_yields_the_rule_at_the_first_divergence(twx_gold):

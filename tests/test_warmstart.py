@@ -1,8 +1,10 @@
-"""Policy warm start on TextWorldExpress: demo prompts equal the rollout's, a tiny policy overfits the demos
-(greedy replies reproduce the gold actions), the cache is reused, and an RL run from the warm policy has
-a learning signal in every update."""
+"""Policy warm start on TextWorldExpress: analyzer records are honest by default (the oracle on request), demo
+prompts equal the rollout's, a tiny policy overfits the demos (greedy replies reproduce the gold actions), the
+cache is reused, self-play adds the policy's own failures, and an RL run from the warm policy has a learning
+signal in every update."""
 import json
 import os
+import types
 
 import jax
 import ml_collections
@@ -11,16 +13,22 @@ import pytest
 from helpers import save_tiny_llama
 
 from configs import textworld_express as twx_config
-from seed_jax import loop, warmstart
+from seed_jax import hindsight, loop, skills, stage1, warmstart
 from seed_jax.config import validate
 from seed_jax.envs import get_family
+from seed_jax.envs.base import Task
 from seed_jax.envs.pool import EnvPool
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.models import load
 from seed_jax.rollout import run_episodes
 from seed_jax.sample import Generation, Sampler, SamplerConfig, SamplingParams
+from stage1_helpers import step, trajectory
 
-pytestmark = pytest.mark.slow
+TASK = Task("twx/coin/train/1", "train", "textworld_express", {})
+KITCHEN = "You are in the kitchen. You see a stove. \nTo the North you see the pantry. "
+PANTRY = "You are in the pantry. You also see a coin. \nTo the South you see the kitchen. "
+GOLD = ["look around", "move north", "take coin"]
+WORDS = types.SimpleNamespace(encode_chat=lambda s: s.split())  # a tokenizer for prompt fitting: one token a word
 
 
 def _cfg(model_path, tmp):
@@ -55,6 +63,7 @@ def warm(able_model_dir, tmp_path_factory):
   return c, warmstart.ensure_warm_policy(c, make_mesh((1, 1, 1), jax.devices()[:1]))
 
 
+@pytest.mark.slow
 def test_demo_prompts_are_the_rollout_prompts(embedded_tokenizer):
   """Each demo step's prompt (text and ids) equals what the rollout renders when it plays the same gold
   actions, and the demo reaches the same outcome."""
@@ -85,6 +94,7 @@ def test_demo_prompts_are_the_rollout_prompts(embedded_tokenizer):
   assert any(d.success for d in demos)  # 2-room coin games are solved within 6 gold steps
 
 
+@pytest.mark.slow
 def test_warm_start_overfits_demos_and_is_cached(warm, able_model_dir, tmp_path):
   c, export = warm
   folder = os.path.dirname(export)
@@ -115,6 +125,7 @@ def test_warm_start_overfits_demos_and_is_cached(warm, able_model_dir, tmp_path)
   assert warmstart.cache_dir(c2) != warmstart.cache_dir(c)
 
 
+@pytest.mark.slow
 def test_rl_from_warm_policy_has_a_signal_every_update(warm, tmp_path):
   """The RL stage warm-starts first (here: from the cache), then every update has non-zero advantages and OPD
   tokens, and π_old's log-probs are the sampler's (fp32)."""
@@ -144,3 +155,104 @@ def test_family_without_gold_paths_is_one_clear_error(tmp_path):
   c.warmstart.cache_dir = str(tmp_path)
   with pytest.raises(ValueError, match="webshop.*gold path"):
     warmstart.check_gold_paths(c)
+
+
+def _demos():
+  """A solved demo and one longer than RL's episode (env.max_steps = 2 below): its view is a max_steps cut."""
+  solved = trajectory(TASK, [step(KITCHEN, "look around"), step(KITCHEN, "move north"), step(PANTRY, "take coin")],
+                      10.0, "done")
+  return [solved, solved], [GOLD, GOLD]
+
+
+def _analyzer_records(source: str) -> tuple[list[dict], list]:
+  c = twx_config.get_config("")
+  c.warmstart.analyzer_source = source
+  trajs, golds = _demos()
+  c.env.max_steps = 3
+  full = warmstart.build_records(trajs[:1], golds[:1], c, WORDS)
+  c.env.max_steps = 2
+  cut = warmstart.build_records(trajs[1:], golds[1:], c, WORDS)
+  views = [trajs[0], warmstart.rl_view(trajs[1], 2)]
+  return [r for r in full + cut if r["kind"] == "analyzer"], views
+
+
+def test_analyzer_records_are_honest_by_default():
+  assert twx_config.get_config("").warmstart.analyzer_source == "hindsight"
+  records, views = _analyzer_records("hindsight")
+  assert [r["success"] for r in records] == [True, False]
+  for r, view in zip(records, views):
+    parsed = skills.parse_skill(r["response"])
+    assert parsed.ok and hindsight.unseen_mentions(view, parsed.skill) == []
+    assert r["prompt"] == skills.analysis_prompt(view)
+  assert skills.parse_skill(records[1]["response"]).skill.startswith(
+      "These actions did not finish the task in 2 steps: 1. look around; 2. move north.")
+  assert warmstart._stats(records) == {"warmstart/policy_records": 0.0, "warmstart/analyzer_records": 2.0,
+                                       "warmstart/analyzer_success_records": 1.0,
+                                       "warmstart/analyzer_failure_records": 1.0}
+
+
+def test_oracle_records_are_the_privileged_choice():
+  records, views = _analyzer_records("oracle")
+  skill = skills.parse_skill(records[1]["response"]).skill
+  assert skill == 'Do not stop or stall after "move north": continue with "take coin".'
+  assert hindsight.unseen_mentions(views[1], skill) == ["take coin"]  # the gold action the cut view never shows
+
+
+def test_a_hindsight_target_quoting_unseen_text_is_an_error(monkeypatch):
+  monkeypatch.setattr(hindsight, "hindsight_analysis", lambda traj, thr: ("s", 'Do "move east".'))
+  trajs, golds = _demos()
+  with pytest.raises(ValueError, match=r"twx/coin/train/1 quotes \['move east'\]"):
+    warmstart.build_records(trajs, golds, twx_config.get_config(""), WORDS)
+
+
+def test_self_play_config_and_cache_key(tmp_path):
+  c = twx_config.get_config("")
+  c.rollout.temperature, c.rollout.max_new_tokens = 0.7, 24
+  c.warmstart.self_play_rollouts, c.warmstart.envs = 5, 2
+  sp = warmstart.self_play_config(c, str(tmp_path), "/policy")
+  assert (sp.model.path, sp.collect.num_tasks, sp.collect.rollouts, sp.collect.tasks_per_batch) == ("/policy", 5, 1, 2)
+  assert (sp.collect.temperature, sp.collect.max_new_tokens) == (0.7, 24)
+  assert sp.collect.output == str(tmp_path / warmstart.SELF_PLAY_TRAJECTORIES)
+  assert stage1.collection_tasks(sp)[0].split == "train"
+  # The rollout's sampling shapes the warm policy only through self-play.
+  key = warmstart.cache_key(c)
+  c.rollout.temperature = 1.0
+  assert warmstart.cache_key(c) != key
+  c.warmstart.self_play_rollouts = 0
+  key = warmstart.cache_key(c)
+  c.rollout.temperature = 0.5
+  assert warmstart.cache_key(c) == key
+  c.warmstart.analyzer_source = "oracle"
+  assert warmstart.cache_key(c) != key
+
+
+@pytest.mark.slow
+def test_self_play_adds_the_policy_own_episodes(tiny_model_dir, tmp_path):
+  """The demo-SFT policy plays 2 train tasks; the second pass trains on the demo policy records and the honest
+  analyses of those episodes (a random tiny policy fails them), and the cache keeps only the final export."""
+  c = _cfg(tiny_model_dir, str(tmp_path))
+  c.warmstart.self_play_rollouts, c.sft.epochs = 2, 1
+  c.rollout.max_new_tokens = 16
+  validate(c)
+  export = warmstart.ensure_warm_policy(c, make_mesh((1, 1, 1), jax.devices()[:1]))
+  folder = os.path.dirname(export)
+  assert sorted(os.listdir(folder)) == sorted([warmstart.RECORDS_FILE, warmstart.SELF_PLAY_TRAJECTORIES,
+                                               warmstart.SELF_PLAY_RECORDS, warmstart.EXPORT_DIR, warmstart.DONE_FILE,
+                                               "sft", "sft_stats.json"])
+  episodes = [t for _, t in stage1.load_trajectories(os.path.join(folder, warmstart.SELF_PLAY_TRAJECTORIES))]
+  assert len(episodes) == 2
+  read = lambda name: [json.loads(line) for line in open(os.path.join(folder, name))]
+  demo_policy = [r for r in read(warmstart.RECORDS_FILE) if r["kind"] == "policy"]
+  second = read(warmstart.SELF_PLAY_RECORDS)
+  assert [r for r in second if r["kind"] == "policy"] == demo_policy
+  analyses = [r for r in second if r["kind"] == "analyzer"]
+  assert analyses and len(analyses) <= len(episodes)
+  by_task = {t.task.task_id: t for t in episodes}
+  for r in analyses:
+    assert hindsight.unseen_mentions(by_task[r["task_id"]], skills.parse_skill(r["response"]).skill) == []
+  stats = json.load(open(os.path.join(folder, warmstart.DONE_FILE)))
+  assert stats["warmstart/self_play/episodes"] == 2 and 0 <= stats["warmstart/self_play/invalid_action_rate"] <= 1
+  assert stats["warmstart/analyzer_failure_records"] == sum(not r["success"] for r in analyses)
+  assert stats["warmstart/analyzer_success_records"] == sum(r["success"] for r in analyses)
+  assert stats["warmstart/demo_analyzer_records"] > 0 and "warmstart/self_play/success" in stats
+  assert warmstart.ensure_warm_policy(c) == export
