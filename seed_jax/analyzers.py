@@ -1,6 +1,7 @@
-"""Analyzer backends: the policy itself (greedy, with the current weights), or an external OpenAI-compatible
-chat-completions server (threaded, with retries and backoff) for stage-1 annotation. Both turn analysis
-prompts into raw replies; skills.analyze_trajectories builds the prompts and parses the replies.
+"""Analyzer backends: the policy itself (greedy, with the current weights), an external OpenAI-compatible
+chat-completions server (threaded, with retries and backoff), or the privileged gold-path oracle (the upper
+bound). Each turns analysis prompts into raw replies; skills.analyze_trajectories builds the prompts and parses
+the replies. `shuffled_skills` is the control that moves every skill to another task.
 """
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import Callable, Sequence
 
 import ml_collections
 
-from seed_jax import templates
-from seed_jax.skills import Analyzer, parse_skill
+from seed_jax import sft_oracle, templates
+from seed_jax.envs.base import Trajectory
+from seed_jax.skills import Analysis, Analyzer, SkillParse, parse_skill
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,39 @@ class PolicyAnalyzer:
       raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
     self.stats.requests += len(prompts)
     return replies
+
+
+class OracleAnalyzer:
+  """The privileged backend: gold-path skills (sft_oracle) for the trajectories the prompts were built from, in
+  order. Its failure skills name the gold action the agent never saw, so it is the upper bound of what a skill
+  can teach, not an analyzer the policy could imitate."""
+
+  def __init__(self, trajs: Sequence[Trajectory], golds: Sequence[Sequence[str] | None], success_threshold: float):
+    self._replies = [sft_oracle.oracle_reply(t, g, success_threshold) for t, g in zip(trajs, golds)]
+    self.stats = AnalyzerStats()
+
+  def analyze(self, prompts: list[str]) -> list[str]:
+    if len(prompts) != len(self._replies):
+      raise ValueError(f"oracle analyzer: {len(prompts)} prompts for {len(self._replies)} trajectories")
+    self.stats.requests += len(prompts)
+    return list(self._replies)
+
+
+def shuffled_skills(analysis: Analysis, task_ids: Sequence[str], seed: int) -> Analysis:
+  """The control: each trajectory gets the skill of a trajectory of another task (the tasks' order rotated by a
+  seeded non-zero offset; the k-th trajectory of task A takes the k-th skill, cyclically, of its image task B),
+  so the skills keep their backend's wording and carry no information about the task they are shown with.
+  With one task there is no other: no skills."""
+  tasks = sorted(set(task_ids))
+  by_task = {t: [i for i, x in enumerate(task_ids) if x == t] for t in tasks}
+  parses: list[SkillParse] = [SkillParse(None, None, False, "control: no other task")] * len(task_ids)
+  if len(tasks) > 1:
+    shift = 1 + random.Random(seed).randrange(len(tasks) - 1)
+    for a, task in enumerate(tasks):
+      donors = by_task[tasks[(a + shift) % len(tasks)]]
+      for k, i in enumerate(by_task[task]):
+        parses[i] = analysis.parses[donors[k % len(donors)]]
+  return dataclasses.replace(analysis, parses=list(parses))
 
 
 class _Transient(Exception):
@@ -161,12 +196,18 @@ class ExternalAnalyzer:
       return list(pool.map(self._one, prompts))
 
 
-def make_analyzer(cfg: ml_collections.ConfigDict,
-                  generate: Callable[[list[str]], list[str]] | None = None) -> Analyzer:
+def make_analyzer(cfg: ml_collections.ConfigDict, generate: Callable[[list[str]], list[str]] | None = None,
+                  oracle: Callable[[], OracleAnalyzer] | None = None) -> Analyzer:
+  """`generate` serves the policy backend, `oracle` builds the oracle backend (it needs the trajectories and
+  their gold paths)."""
+  if cfg.backend == "oracle":
+    if oracle is None:
+      raise ValueError("analyzer backend 'oracle' needs the trajectories' gold paths")
+    return oracle()
   if cfg.backend == "policy":
     if generate is None:
       raise ValueError("analyzer backend 'policy' needs the pipeline's generate function")
     return PolicyAnalyzer(generate)
   if cfg.backend == "external":
     return ExternalAnalyzer(cfg.external)
-  raise ValueError(f"analyzer.backend must be 'policy' or 'external', got {cfg.backend!r}")
+  raise ValueError(f"analyzer.backend must be 'policy', 'oracle' or 'external', got {cfg.backend!r}")

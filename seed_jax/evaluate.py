@@ -2,19 +2,20 @@
 table (python -m seed_jax.main --config=configs/alfworld.py:paper --config.stage=eval
 --config.eval.checkpoint=runs/alf3b --config.model.path=/ckpt/Qwen2.5-3B-Instruct --workdir=runs/alf3b-eval).
 
-The panels are played as in training's evaluations (`eval_chunks`: plain policy, no skills,
-eval.temperature, eval.max_tasks; `:paper` has the paper's 0.4 and the whole panel). Every finished chunk of
-episodes is appended to eval_episodes.jsonl, so a killed evaluation rerun with the same command plays only the
-chunks it lacks, with the same random draws. The result is eval_results.json and eval_results.md. The stage
+The panels are played as in training's evaluations (`eval_chunks`: plain policy, no skills, eval.temperature
+or each of eval.temperatures, eval.max_tasks; `:paper` has the paper's 0.4 and the whole panel). Every finished
+chunk of episodes is appended to eval_episodes.jsonl, so a killed evaluation rerun with the same command plays only
+the chunks it lacks, with the same random draws. The result is eval_results.json and eval_results.md. The stage
 builds only the player (runtime.build_player): no rescorer, optimizer or update fn.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,29 +38,60 @@ log = logging.getLogger(__name__)
 
 EPISODES = "eval_episodes.jsonl"
 RESULTS = "eval_results"
+EPISODE_DUMP = "eval_episodes"  # training's evaluations: <workdir>/dumps/eval_episodes_step<updates done>.jsonl
 
 
 class EvalSourceError(ValueError):
   """The checkpoint to evaluate is missing, or the workdir holds episodes of another evaluation."""
 
 
-def eval_chunks(rt: Player, params, key, skip: Callable[[str, int], bool] = lambda split, c: False):
+class Panel(NamedTuple):
+  """One split played at one temperature; its metrics are eval/<name>/*."""
+  name: str
+  split: str
+  index: int  # the split's position among the panels' splits: its chunks' keys
+  temperature: float
+
+
+def temperatures(cfg: ml_collections.ConfigDict) -> tuple[float, ...]:
+  """The evaluation temperatures: eval.temperatures, or eval.temperature alone when that is empty. The first
+  keeps the untagged eval/<split>/* keys, so eval.temperature (the 'eval' sampling row) must be it."""
+  temps = tuple(float(t) for t in cfg.eval.get("temperatures", ()))
+  if not temps:
+    return (float(cfg.eval.temperature),)
+  if temps[0] != cfg.eval.temperature or len(set(temps)) < len(temps):
+    raise ValueError(f"config.eval.temperatures={temps} must hold distinct temperatures, the first "
+                     f"config.eval.temperature={cfg.eval.temperature}")
+  return temps
+
+
+def panels(cfg: ml_collections.ConfigDict, splits: Sequence[str]) -> list[Panel]:
+  """Every split at every evaluation temperature, the first temperature's first; the others' names are tagged
+  <split>_t<T> (a split's own name keeps meaning the first temperature, as without eval.temperatures)."""
+  temps = temperatures(cfg)
+  return [Panel(s if t == temps[0] else f"{s}_t{t:g}", s, i, t) for t in temps for i, s in enumerate(splits)]
+
+
+def eval_chunks(rt: Player, params, key, skip: Callable[[str, int], bool] = lambda panel, c: False):
   """Plays the fixed panels chunk by chunk (tasks.eval_chunk episodes at once) with the plain policy (ordinary
-  prompts, no skills, eval temperature): yields (split, chunk index, trajectories). Chunk c of split i always
-  draws from key folded with (i, c), so a resumed evaluation that `skip`s finished chunks plays the rest exactly
-  as an uninterrupted one. With several processes each plays its share of a chunk; every process gets all of
-  its trajectories (shares.gather_trajectories)."""
+  prompts, no skills, each eval temperature): yields (Panel, chunk index, trajectories). Chunk c of split i
+  always draws from key folded with (i, c), at every temperature, so a resumed evaluation that `skip`s finished
+  chunks (by panel name) plays the rest exactly as an uninterrupted one, and the temperatures are compared on the
+  same draws. With several processes each plays its share of a chunk; every process gets all of its
+  trajectories (shares.gather_trajectories)."""
   cfg = rt.cfg
-  sp = SamplingParams(*sampling(cfg, "eval"))
-  for i, (split, tasks) in enumerate(rt.eval_tasks.items()):
+  base = SamplingParams(*sampling(cfg, "eval"))
+  for panel in panels(cfg, list(rt.eval_tasks)):
+    sp = dataclasses.replace(base, temperature=panel.temperature)
+    tasks = rt.eval_tasks[panel.split]
     for c, start, mine in tasks_lib.eval_chunks(len(tasks), tasks_lib.eval_chunk(cfg)):
-      if skip(split, c):
+      if skip(panel.name, c):
         continue
       trajs = run_episodes(rt.pool, rt.family, cfg.env, [tasks[k] for k in mine], mine, [0] * len(mine),
                            rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
-                           jax.random.fold_in(jax.random.fold_in(key, i), c),
+                           jax.random.fold_in(jax.random.fold_in(key, panel.index), c),
                            max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine])
-      yield split, c, shares.gather_trajectories(trajs)
+      yield panel, c, shares.gather_trajectories(trajs)
 
 
 def family_success(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -71,16 +103,20 @@ def family_success(trajs: Sequence[Trajectory]) -> dict[str, float]:
   return out
 
 
-def evaluate(rt: Player, params, key) -> dict[str, float]:
-  """eval/<split>/* rollout metrics and eval/<split>/success/<family> over every panel."""
-  by_split: dict[str, list[Trajectory]] = {s: [] for s in rt.eval_tasks}
-  for split, _, trajs in eval_chunks(rt, params, key):
-    by_split[split] += trajs
+def evaluate(rt: Player, params, key) -> tuple[dict[str, float], list[dict[str, Any]]]:
+  """eval/<panel>/* rollout metrics and eval/<panel>/success/<family> over every panel, and one row per episode
+  (panel, split, temperature, chunk, panel index, task and outcome: what paired tests between runs need)."""
+  by_panel: dict[str, list[Trajectory]] = {p.name: [] for p in panels(rt.cfg, list(rt.eval_tasks))}
+  episodes = []
+  for panel, c, trajs in eval_chunks(rt, params, key):
+    by_panel[panel.name] += trajs
+    episodes += [dict(panel=panel.name, split=panel.split, temperature=panel.temperature, chunk=c,
+                      index=t.group_id, **_episode(t)) for t in trajs]
   m: dict[str, float] = {}
-  for split, trajs in by_split.items():
-    m.update(report.rollout_metrics(trajs, f"eval/{split}"))
-    m.update({f"eval/{split}/success/{fam}": v for fam, v in family_success(trajs).items()})
-  return m
+  for name, trajs in by_panel.items():
+    m.update(report.rollout_metrics(trajs, f"eval/{name}"))
+    m.update({f"eval/{name}/success/{fam}": v for fam, v in family_success(trajs).items()})
+  return m, episodes
 
 
 def eval_key(cfg, done: int) -> jax.Array:
@@ -89,13 +125,16 @@ def eval_key(cfg, done: int) -> jax.Array:
 
 
 def evaluate_record(rt: Player, writer: MetricsWriter, params, done: int) -> dict[str, Any]:
-  """Evaluates `params` after `done` updates and writes it as its own record at step `done`."""
+  """Evaluates `params` after `done` updates and writes it as its own record at step `done`, and its episodes
+  as the dump eval_episodes at step `done`."""
   t0 = time.time()
-  m = evaluate(rt, params, eval_key(rt.cfg, done))
+  m, episodes = evaluate(rt, params, eval_key(rt.cfg, done))
   m["eval/updates_done"] = done
   m["time/eval_s"] = time.time() - t0
   out = writer.write(done, m)
-  splits = " ".join(f"{s} {out.get(f'eval/{s}/success', float('nan')):.3f}" for s in rt.eval_tasks)
+  writer.dump_jsonl(EPISODE_DUMP, done, episodes)
+  splits = " ".join(f"{p.name} {out.get(f'eval/{p.name}/success', float('nan')):.3f}"
+                    for p in panels(rt.cfg, list(rt.eval_tasks)))
   log.info("eval after %d updates: success %s | %.0fs", done, splits, m["time/eval_s"])
   return out
 
@@ -107,11 +146,15 @@ def checkpoint_dir(path: str) -> str:
 
 
 def source(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What is evaluated and how: the workdir's episodes are valid only for the same source and settings."""
-  return dict(model=cfg.model.path, checkpoint=os.path.abspath(checkpoint_dir(cfg.eval.checkpoint))
-              if cfg.eval.checkpoint else "", step=cfg.eval.checkpoint_step, env=cfg.env.name,
-              split=cfg.eval.split, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
-              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+  """What is evaluated and how: the workdir's episodes are valid only for the same source and settings
+  (`temperatures` only when eval.temperatures is set, so a workdir from before it stays valid)."""
+  src = dict(model=cfg.model.path, checkpoint=os.path.abspath(checkpoint_dir(cfg.eval.checkpoint))
+             if cfg.eval.checkpoint else "", step=cfg.eval.checkpoint_step, env=cfg.env.name,
+             split=cfg.eval.split, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
+             max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+  if cfg.eval.get("temperatures"):
+    src["temperatures"] = list(temperatures(cfg))
+  return src
 
 
 def load_params(rt: Player, cfg: ml_collections.ConfigDict) -> tuple[Any, int, str]:
@@ -145,12 +188,17 @@ def _episode(t) -> dict[str, Any]:
               invalid=sum(not s.action_valid for s in t.steps), steps=len(t.steps))
 
 
+def _panel_name(chunk: dict[str, Any]) -> str:
+  return chunk.get("panel", chunk["split"])  # chunks written before eval.temperatures name only their split
+
+
 def table(chunks: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-  """{split: {family | "overall": {episodes, success, return, invalid_action_rate, env_errors}}}; env errors
-  count as episodes but not in the rates (as in training's evaluations)."""
+  """{panel: {family | "overall": {episodes, success, return, invalid_action_rate, env_errors}}} (a panel is a
+  split, tagged <split>_t<T> for the temperatures after the first); env errors count as episodes but not in the
+  rates (as in training's evaluations)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
-  for split in dict.fromkeys(c["split"] for c in chunks):
-    eps = [e for c in chunks if c["split"] == split for e in c["episodes"]]
+  for split in dict.fromkeys(map(_panel_name, chunks)):
+    eps = [e for c in chunks if _panel_name(c) == split for e in c["episodes"]]
     groups = {fam: [e for e in eps if e["family"] == fam] for fam in sorted({e["family"] for e in eps})}
     groups["overall"] = eps
     out[split] = {}
@@ -166,8 +214,11 @@ def table(chunks: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]
 
 
 def markdown(results: dict[str, Any]) -> str:
-  lines = [f"Evaluation of {results['evaluated']} on {results['source']['env']} "
-           f"(temperature {results['source']['temperature']}, no skills).", "",
+  src = results["source"]
+  temps = f"temperature {src['temperature']}"
+  if len(src.get("temperatures", ())) > 1:
+    temps += "; rows <split>_t<T> at temperature T"
+  lines = [f"Evaluation of {results['evaluated']} on {src['env']} ({temps}, no skills).", "",
            "| split | family | episodes | success | return | invalid actions | env errors |",
            "|---|---|---|---|---|---|---|"]
   for split, fams in results["table"].items():
@@ -196,19 +247,20 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with open(meta_path, "w") as f:
       json.dump(src, f, indent=1)
     chunks = records.read_records(episodes_path, repair=True)  # a chunk cut off by a kill is played again
-    done = {(c["split"], c["chunk"]) for c in chunks}
+    done = {(_panel_name(c), c["chunk"]) for c in chunks}
     if done:
       log.info("eval: %d chunks already played in %s", len(done), episodes_path)
     key = eval_key(cfg, updates_done)  # the draws of the run's own evaluation of these weights
-    for split, c, trajs in eval_chunks(rt, params, key, skip=lambda s, c: (s, c) in done):
-      chunks.append(dict(split=split, chunk=c, episodes=[_episode(t) for t in trajs]))
+    for panel, c, trajs in eval_chunks(rt, params, key, skip=lambda name, c: (name, c) in done):
+      chunks.append(dict(split=panel.split, panel=panel.name, temperature=panel.temperature, chunk=c,
+                         episodes=[_episode(t) for t in trajs]))
       records.append_records(episodes_path, chunks[-1:])
-      log.info("eval: %s chunk %d: success %.3f over %d episodes", split, c,
+      log.info("eval: %s chunk %d: success %.3f over %d episodes", panel.name, c,
                np.mean([e["success"] for e in chunks[-1]["episodes"]]), len(trajs))
   finally:
     rt.close()
-  order = {s: i for i, s in enumerate(rt.eval_tasks)}
-  chunks.sort(key=lambda c: (order[c["split"]], c["chunk"]))
+  order = {p.name: i for i, p in enumerate(panels(cfg, list(rt.eval_tasks)))}
+  chunks.sort(key=lambda c: (order[_panel_name(c)], c["chunk"]))
   results = dict(evaluated=evaluated, source=src, table=table(chunks))
   with open(os.path.join(workdir, RESULTS + ".json"), "w") as f:
     json.dump(results, f, indent=1)

@@ -3,6 +3,7 @@ advantages -> PPO epochs -> report. The loop around it is loop.py; what it runs 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import Any, Callable, Sequence
 
@@ -12,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, losses, report, shares, skills
+from seed_jax import advantages, analyzers, losses, report, shares, skills, teacher_quality
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import TokenCount
@@ -33,46 +34,94 @@ def analysis_active(cfg, u: int) -> bool:
   return bool(a.enabled) and u >= a.start_update and (a.stop_update < 0 or u < a.stop_update)
 
 
+@dataclasses.dataclass
+class Played:
+  """One update's rollout, what every arm of a paired comparison (seed_jax.paired) shares."""
+  u: int
+  key: Any
+  good: list[Trajectory]  # this process's episodes without env errors: the ones that enter the update
+  everyone: list[Trajectory]  # [scale] every process's, for metrics and dumps
+  metrics: dict[str, Any]
+  tokens: dict[str, TokenCount]
+
+  @property
+  def usable(self) -> bool:
+    return any(t.steps for t in self.everyone if t.termination != "env_error")
+
+
 def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter,
               check: Callable[[], None] = lambda: None) -> tuple[Any, dict]:
   """One SEED update: rollout -> analyze -> collect -> re-score -> advantages -> PPO -> report. `check` runs
   before each phase up to the PPO step and may raise to end the update there (the state is then unchanged):
   a requested stop, a failed checkpoint write."""
-  cfg = rt.cfg
-  key = jax.random.fold_in(jax.random.key(cfg.seed), u)
   timer = writer.phase_timer()
-  tokens: dict[str, TokenCount] = {}  # per phase; rollout and analysis share the sampler's counter
+  played = play(rt, state.params, u, timer, check)
+  if not played.usable:
+    log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
+    return state, played.metrics
+  analysis, metrics = None, dict(played.metrics)
+  if analysis_active(rt.cfg, u):
+    analysis, am = self_analysis(rt, state.params, played, timer, writer, check)
+    metrics.update(am)
+  return learn(rt, state, played, analysis, metrics, timer, writer, check)
+
+
+def play(rt: Runtime, params, u: int, timer, check: Callable[[], None] = lambda: None) -> Played:
+  """Update u's rollout with the current weights, its metrics and the rollout's fingerprint."""
+  key = jax.random.fold_in(jax.random.key(rt.cfg.seed), u)
   before, clock = rt.sampler.tokens.copy(), {}
   check()
   with timer.phase("rollout"), sampler_times(rt.sampler, clock):
-    trajs = _rollout(rt, state.params, u, jax.random.fold_in(key, 0), clock)
-  tokens["rollout"] = rt.sampler.tokens - before
+    trajs = _rollout(rt, params, u, jax.random.fold_in(key, 0), clock)
+  tokens = {"rollout": rt.sampler.tokens - before}  # per phase; rollout and analysis share the sampler's counter
   good = [t for t in trajs if t.termination != "env_error"]  # this process's
   everyone = shares.gather_trajectories(trajs)  # [scale] metrics and dumps are over every process's episodes
   metrics = report.rollout_metrics(everyone, "rollout")
+  metrics["rollout/fingerprint"] = report.fingerprint(everyone)
   metrics.update({f"time/rollout_{k}": v for k, v in clock.items()})
-  if not any(t.steps for t in everyone if t.termination != "env_error"):
-    log.warning("update %d: no usable step-samples (all episodes failed to start); skipping", u)
-    return state, metrics
-  analysis = None
-  if analysis_active(cfg, u):
-    before, clock = rt.sampler.tokens.copy(), {}
-    check()
-    with timer.phase("analysis"), sampler_times(rt.sampler, clock):
-      analysis = _analyze(rt, state.params, good, jax.random.fold_in(key, 1))
-    tokens["analysis"] = rt.sampler.tokens - before
-    metrics.update({f"time/analysis_{k}": v for k, v in clock.items()})
-    records = shares.gather_records(_skill_records(good, analysis))
-    metrics["analysis/parse_rate"] = float(np.mean([r["ok"] for r in records])) if records else 0.0
-    metrics["analysis/salvaged_rate"] = float(np.mean([r["salvaged"] for r in records])) if records else 0.0
-    writer.dump_jsonl("skills", u, records)
+  return Played(u, key, good, everyone, metrics, tokens)
+
+
+def self_analysis(rt: Runtime, params, played: Played, timer, writer: MetricsWriter | None,
+                  check: Callable[[], None] = lambda: None) -> tuple[skills.Analysis, dict[str, Any]]:
+  """A hindsight skill per trajectory from config.analyzer's backend (and control); adds the analysis tokens to
+  `played.tokens`."""
+  before, clock = rt.sampler.tokens.copy(), {}
+  check()
+  with timer.phase("analysis"), sampler_times(rt.sampler, clock):
+    analysis = _analyze(rt, params, played.good, jax.random.fold_in(played.key, 1))
+  played.tokens["analysis"] = rt.sampler.tokens - before
+  metrics = {f"time/analysis_{k}": v for k, v in clock.items()}
+  records = shares.gather_records(_skill_records(played.good, analysis))
+  metrics["analysis/parse_rate"] = float(np.mean([r["ok"] for r in records])) if records else 0.0
+  metrics["analysis/salvaged_rate"] = float(np.mean([r["salvaged"] for r in records])) if records else 0.0
+  if writer is not None:
+    writer.dump_jsonl("skills", played.u, records)
+  return analysis, metrics
+
+
+def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: skills.Analysis | None,
+          metrics: dict[str, Any], timer, writer: MetricsWriter | None,
+          check: Callable[[], None] = lambda: None) -> tuple[Any, dict]:
+  """collect -> re-score -> advantages -> PPO epochs -> report, from `state` on the played batch with these
+  skills (None: no analysis this update). Leaves `played` unchanged, so several arms can learn from it."""
+  cfg, good, u, key = rt.cfg, played.good, played.u, played.key
+  metrics, tokens = dict(metrics), dict(played.tokens)
   samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
                                       cfg.model.max_prompt_tokens)
   before = rt.rescorer.tokens.copy()
   check()
   with timer.phase("rescore"):
-    old_logp, skill_logp, ref_logp = _rescore(rt, state.params, samples, with_skills=analysis is not None)
+    old_logp, skill_logp, ref_logp = rescore_samples(rt, state.params, samples, with_skills=analysis is not None)
   tokens["rescore"] = rt.rescorer.tokens - before
+  if analysis is not None and cfg.analyzer.teacher_metrics and rt.family.has_gold_paths:
+    with timer.phase("teacher"):  # [scale] collective: the condition is the same on every process
+      rows = teacher_quality.sample_rows(rt, state.params, good, samples, old_logp,
+                                         skill_logp if rt.teacher.rescore_skill_prompts else None)
+    rows = shares.gather_records(rows)
+    metrics.update(teacher_quality.metrics(rows))
+    if writer is not None:
+      writer.dump_jsonl("teacher", u, rows)
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
   metrics.update(advantage_metrics(shares.gather_concat(adv_N)))  # groups are host-local: no gather needed above
   metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
@@ -86,8 +135,9 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
     state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, shares.step_keys(good), adv_N, old_logp,
                                                ref_logp, skill_logp, key)
   metrics.update(upd)
-  metrics.update(report.update_report(rt, everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
-  writer.dump_jsonl("trajectories", u, [report.traj_record(t) for t in everyone[:cfg.train.dump_trajectories]])
+  metrics.update(report.update_report(rt, played.everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
+  if writer is not None:
+    writer.dump_jsonl("trajectories", u, [report.traj_record(t) for t in played.everyone[:cfg.train.dump_trajectories]])
   return state, metrics
 
 
@@ -114,11 +164,18 @@ def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = 
 
 
 def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:
-  """A hindsight skill per trajectory; the policy backend decodes greedily with the current weights."""
+  """A hindsight skill per trajectory; the policy backend decodes greedily with the current weights, the oracle
+  reads the tasks' gold paths. analyzer.control="shuffled" then gives each trajectory another task's skill."""
   ac = rt.cfg.analyzer
   sp = SamplingParams(*sampling(rt.cfg, "analysis"))
-  analyzer = analyzers.make_analyzer(ac, lambda texts: rt.sampler.generate_text(params, texts, key, sp, rt.tokenizer))
-  return skills.analyze_trajectories(analyzer, trajs, ac, count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
+  analyzer = analyzers.make_analyzer(
+      ac, lambda texts: rt.sampler.generate_text(params, texts, key, sp, rt.tokenizer),
+      lambda: analyzers.OracleAnalyzer(trajs, rt.gold_paths([t.task for t in trajs]), ac.success_threshold))
+  analysis = skills.analyze_trajectories(analyzer, trajs, ac, count_tokens=lambda s: len(rt.tokenizer.encode_chat(s)))
+  if ac.control == "shuffled":
+    seed = int(np.asarray(jax.random.key_data(key)).ravel()[-1])
+    analysis = analyzers.shuffled_skills(analysis, [t.task.task_id for t in trajs], seed)
+  return analysis
 
 
 def old_logps_from_sampler(cfg: ml_collections.ConfigDict) -> bool:
@@ -129,7 +186,7 @@ def old_logps_from_sampler(cfg: ml_collections.ConfigDict) -> bool:
           and cfg.rollout.temperature > 0)
 
 
-def _rescore(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool):
+def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool):
   """(π_old, skill-context, reference) log-probs per sample. π_old's come from the sampler where they are the
   same numbers (old_logps_from_sampler), else from re-scoring the ordinary context. The skill context is
   re-scored only when the teacher is π_old and this update has skills; otherwise the π_old log-probs stand in

@@ -2,6 +2,7 @@
 summary table (one row per update) and `curves.png` of the run's metrics."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from typing import Any, Sequence
@@ -21,6 +22,18 @@ COLUMNS = (("success", "rollout/success", "{:.3f}"), ("invalid", "rollout/invali
            ("|A|", "advantages/abs_mean", "{:.3f}"), ("parse", "analysis/parse_rate", "{:.2f}"),
            ("opd-tokens", "update/opd_tokens", "{:.0f}")) + tuple(
                (f"{p} s", f"time/{p}_s", "{:.1f}") for p in PHASES)
+
+
+def fingerprint(trajs: Sequence[Trajectory]) -> int:
+  """A 32-bit hash of the episodes' sampled tokens, in episode order: two runs' rollouts of an update are the
+  same samples exactly when their fingerprints agree (arms share every key, so they diverge only once their
+  weights do)."""
+  h = hashlib.sha256()
+  for t in sorted(trajs, key=lambda t: (t.group_id, t.traj_id)):
+    h.update(f"{t.task.task_id}|{t.group_id}|{t.traj_id}|".encode())
+    for s in t.steps:
+      h.update(np.asarray(s.response_tokens, np.int64).tobytes() + b"|")
+  return int(h.hexdigest()[:8], 16)
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str) -> dict[str, float]:

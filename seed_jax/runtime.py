@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from seed_jax import images, losses
+from seed_jax import images, losses, sft_oracle
 from seed_jax import plan as plan_lib
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
@@ -44,6 +44,16 @@ class Player:
   train_tasks: list[Task]
   eval_tasks: dict[str, list[Task]]  # split -> its fixed panel
   stop_sequences: list[list[int]]
+  gold_cache: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)  # task_id -> gold path
+
+  def gold_paths(self, tasks: Sequence[Task]) -> list[list[str] | None]:
+    """Each task's gold path from its reset state (None where the env has none), read once per task on the
+    run's pool between phases (the oracle analyzer and the teacher metrics)."""
+    todo = list({t.task_id: t for t in tasks if t.task_id not in self.gold_cache}.values())
+    if todo:
+      golds = sft_oracle.fetch_gold_paths(self.family, self.cfg.env, todo, self.pool.num_envs, pool=self.pool)
+      self.gold_cache.update({t.task_id: g for t, g in zip(todo, golds)})
+    return [self.gold_cache[t.task_id] for t in tasks]
 
   def close(self):
     self.pool.close()
@@ -148,19 +158,33 @@ def build_player(cfg: ml_collections.ConfigDict) -> Player:
 
 @_config_errors
 def build(cfg: ml_collections.ConfigDict) -> Runtime:
-  loss_cfg = effective_loss_config(cfg)  # the teacher and layout rules, before anything loads
-  teacher = update_lib.teacher_plan(loss_cfg, cfg.learner.teacher, pack_length=cfg.learner.pack_length,
-                                    images=cfg.env.get("observation", "text") == "image")
+  if cfg.analyzer.enabled and cfg.analyzer.backend == "oracle" and not get_family(cfg.env.name).has_gold_paths:
+    raise ValueError(f"config.analyzer.backend='oracle' reads gold paths, which environment {cfg.env.name!r} does "
+                     "not have: use 'policy' or 'external'")
+  loss_cfg, teacher = learner_plan(cfg)  # the teacher and layout rules, before anything loads
   parts = _player_parts(cfg, learner=True)
-  spec, mesh, params = parts["spec"], parts["mesh"], parts["init_params"]
+  spec, mesh = parts["spec"], parts["mesh"]
   rescorer = Rescorer(spec, parts["tokenizer"].pad_id, RescorerConfig(
       max_rows=auto_rows(cfg, spec, mesh, "rescore.max_rows"), max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
       pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
+  return Runtime(**parts, pool=_pool(cfg, parts["family"]), rescorer=rescorer,
+                 **learner(cfg, spec, parts["init_params"], loss_cfg, teacher))
+
+
+def learner_plan(cfg: ml_collections.ConfigDict) -> tuple[losses.SeedLossConfig, update_lib.TeacherPlan]:
+  loss_cfg = effective_loss_config(cfg)
+  return loss_cfg, update_lib.teacher_plan(loss_cfg, cfg.learner.teacher, pack_length=cfg.learner.pack_length,
+                                           images=cfg.env.get("observation", "text") == "image")
+
+
+def learner(cfg: ml_collections.ConfigDict, spec, params, loss_cfg: losses.SeedLossConfig,
+            teacher: update_lib.TeacherPlan) -> dict[str, Any]:
+  """The Runtime fields that depend on the loss: several learners can share one player (seed_jax.paired)."""
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
       chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=teacher,
       state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
-  return Runtime(**parts, pool=_pool(cfg, parts["family"]), rescorer=rescorer, update_fn=update_fn,
-                 optimizer=optimizer, loss_cfg=loss_cfg, teacher=teacher)
+  return dict(update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, teacher=teacher,
+              update_compiles=CompileCounter())

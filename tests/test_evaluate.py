@@ -1,19 +1,24 @@
 """The eval stage on TextWorldExpress with the tiny model: a run's checkpoint scores exactly what the run's own
 final evaluation measured, a killed evaluation resumes without replaying finished chunks, and bad sources are
-one line."""
+one line. Several eval temperatures (a stand-in player, no model): tagged metric keys, the same draws' keys at
+every temperature, and the per-episode dump."""
 import json
 import logging
 import os
 import subprocess
 import sys
+import types
 
+import jax
 import pytest
 
 from configs import textworld_express as twx_config
 from seed_jax import evaluate, loop
 from seed_jax.config import validate
+from seed_jax.envs.base import Task, Trajectory
+from seed_jax.infra.metrics import MetricsWriter
 
-pytestmark = pytest.mark.slow  # real simulators and the pipeline
+slow = pytest.mark.slow  # real simulators and the pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +49,7 @@ def run(tiny_model_dir, tmp_path_factory):
   return workdir, out["metrics"]
 
 
+@slow
 def test_checkpoint_scores_what_the_run_measured(run, tiny_model_dir, tmp_path):
   workdir, metrics = run
   results = evaluate.run(_config(tiny_model_dir, eval_stage=True, eval__checkpoint=workdir), str(tmp_path))
@@ -59,6 +65,7 @@ def test_checkpoint_scores_what_the_run_measured(run, tiny_model_dir, tmp_path):
   assert json.loads((tmp_path / "eval_results.json").read_text()) == results
 
 
+@slow
 def test_killed_evaluation_resumes_without_replaying(run, tiny_model_dir, tmp_path, caplog):
   cfg = _config(tiny_model_dir, eval_stage=True, eval__checkpoint=run[0])
   full = evaluate.run(cfg, str(tmp_path / "full"))
@@ -75,6 +82,7 @@ def test_killed_evaluation_resumes_without_replaying(run, tiny_model_dir, tmp_pa
   assert (part / evaluate.EPISODES).read_text() == (tmp_path / "full" / evaluate.EPISODES).read_text()
 
 
+@slow
 def test_bad_sources_are_one_line(run, tiny_model_dir, tmp_path):
   workdir = str(tmp_path / "ev")
   evaluate.run(_config(tiny_model_dir, eval_stage=True, eval__max_tasks=4), workdir)  # the model's own weights
@@ -89,3 +97,63 @@ def test_bad_sources_are_one_line(run, tiny_model_dir, tmp_path):
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines()[-1] == \
       f"config error: config.eval.checkpoint='{tmp_path / 'nowhere'}' does not exist"
+
+
+def _stand_in_player(temperatures, temperature, played):
+  """A player whose episodes are decided by the sampling temperature (greedy solves the even panel indices, any
+  other temperature the odd ones); `played` gets (temperature, panel indices, key data) per chunk."""
+  cfg = twx_config.get_config("")
+  cfg.rollout.tasks_per_update, cfg.rollout.group_size = 1, 2  # chunks of 2: 5 games in 3 chunks
+  cfg.eval.temperature, cfg.eval.temperatures = temperature, temperatures
+
+  def run_episodes(pool, family, env_cfg, tasks, group_ids, traj_ids, sp, tokenizer, key, **kw):
+    played.append((sp.temperature, list(group_ids), jax.random.key_data(key).tolist()))
+    return [Trajectory(task=t, group_id=g, traj_id=0, steps=[], success=(g % 2 == 0) == (sp.temperature == 0),
+                       episode_return=1.0) for t, g in zip(tasks, group_ids)]
+
+  tasks = [Task(task_id=f"g{k}", split="eval", env="textworld_express", spec={}, family="coin") for k in range(5)]
+  sampler = types.SimpleNamespace(rollout_fn=lambda params, sp, stop: sp)  # the episodes see the sampling params
+  rt = types.SimpleNamespace(cfg=cfg, eval_tasks={"eval": tasks}, pool=None, family=None, tokenizer=None,
+                             stop_sequences=(), sampler=sampler)
+  return rt, run_episodes
+
+
+def test_temperatures_tag_metrics_share_keys_and_dump_episodes(monkeypatch, tmp_path):
+  played = []
+  rt, fake = _stand_in_player((0.0, 0.4), 0.0, played)
+  monkeypatch.setattr(evaluate, "run_episodes", fake)
+  cfg_log = twx_config.get_config("").log
+  cfg_log.tensorboard = False
+  with MetricsWriter(str(tmp_path), True, cfg_log) as writer:
+    m = evaluate.evaluate_record(rt, writer, None, 3)
+  greedy = {k[len("eval/eval/"):] for k in m if k.startswith("eval/eval/")}
+  tagged = {k[len("eval/eval_t0.4/"):] for k in m if k.startswith("eval/eval_t0.4/")}
+  assert greedy == tagged and "success" in greedy and "success/coin" in greedy
+  assert m["eval/eval/success"] == 3 / 5 and m["eval/eval_t0.4/success"] == 2 / 5  # eval/eval: the first temperature
+  assert [(t, g) for t, g, _ in played] == [(0.0, [0, 1]), (0.0, [2, 3]), (0.0, [4]), (0.4, [0, 1]), (0.4, [2, 3]),
+                                            (0.4, [4])]
+  assert [k for t, _, k in played if t == 0.0] == [k for t, _, k in played if t == 0.4]  # same chunk keys
+  with open(tmp_path / "dumps" / "eval_episodes_step000003.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert [(r["panel"], r["temperature"], r["index"], r["task_id"], r["success"]) for r in rows[4:7]] == \
+      [("eval", 0.0, 4, "g4", True), ("eval_t0.4", 0.4, 0, "g0", False), ("eval_t0.4", 0.4, 1, "g1", True)]
+  assert len(rows) == 10 and {r["split"] for r in rows} == {"eval"}
+
+
+def test_one_temperature_keeps_the_untagged_keys(monkeypatch):
+  played = []
+  rt, fake = _stand_in_player((), 0.4, played)
+  monkeypatch.setattr(evaluate, "run_episodes", fake)
+  m, episodes = evaluate.evaluate(rt, None, evaluate.eval_key(rt.cfg, 0))
+  assert {k.split("/")[1] for k in m} == {"eval"} and m["eval/eval/success"] == 2 / 5
+  assert {t for t, _, _ in played} == {0.4} and len(episodes) == 5
+  assert evaluate.source(rt.cfg).keys() == {"model", "checkpoint", "step", "env", "split", "max_tasks",
+                                            "temperature", "max_new_tokens", "seed"}  # eval_source.json as before
+
+
+@pytest.mark.parametrize("temperatures", [(0.4, 0.0), (0.0, 0.0)])
+def test_inconsistent_temperatures_are_one_line(temperatures):
+  rt, _ = _stand_in_player(temperatures, 0.0, [])
+  with pytest.raises(ValueError, match=r"config.eval.temperatures=.* must hold distinct temperatures, the first "
+                                       r"config.eval.temperature=0.0"):
+    evaluate.temperatures(rt.cfg)

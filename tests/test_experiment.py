@@ -1,5 +1,6 @@
 """The experiment runner: 2 arms x 2 seeds x 2 updates on a tiny model write the JSONL, a real PNG and the
-summary; a killed experiment continues without repeating a finished run; bad arms are one clear error."""
+summary; a killed experiment continues without repeating a finished run; bad arms are one clear error; the
+summary's numbers, paired tables and fingerprint divergence against hand-computed values on a fake workdir."""
 import json
 import os
 import subprocess
@@ -11,7 +12,6 @@ import pytest
 from seed_jax import experiment
 
 from helpers import REPO as ROOT
-pytestmark = pytest.mark.slow
 
 
 def _command(model_dir, workdir, cache):
@@ -25,6 +25,7 @@ def _command(model_dir, workdir, cache):
           f"--config.warmstart.cache_dir={cache}"]
 
 
+@pytest.mark.slow  # subprocesses running the pipeline
 def test_arms_and_seeds_resume_and_outputs(tiny_model_dir, tmp_path):
   workdir = tmp_path / "exp"
   env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -53,8 +54,11 @@ def test_arms_and_seeds_resume_and_outputs(tiny_model_dir, tmp_path):
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
   summary = (workdir / "summary.md").read_text()
   assert "| seed | 2 |" in summary and "| grpo | 2 |" in summary
+  assert "| seed | eval | 0.4 | 2 |" in summary  # paired at the one eval temperature
+  assert "| 0 | seed |" in summary and "| 1 | seed |" in summary  # fingerprint divergence per seed
 
 
+@pytest.mark.slow  # a subprocess
 def test_unknown_arm_is_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match="unknown experiment arm.*known: grpo, seed"):
     experiment.parse_arms("seed,ppo")
@@ -73,3 +77,75 @@ def test_summary_numbers():
   text = experiment.summarize(results)
   assert "| seed | 2 | 0.200 | 0.700 ± 0.100 | 1 |" in text  # mean curve 0.2, 0.5, 0.7 reaches 0.5 at update 1
   assert "| grpo | 2 | 0.200 | 0.500 ± 0.000 | 2 |" in text
+
+
+# The fake workdir's final evaluation (after 2 updates): per arm, seed and temperature the outcomes of tasks t0..t3
+# (1 solved, 0 not, None an env error). Hand-computed from these:
+#   T=0:   seed - grpo per seed +0.5, 0, +0.5: mean 1/3, s.e. sqrt(1/12)/sqrt(3) = 1/6; McNemar b=5, c=1,
+#          p = 2 (C(6,0) + C(6,1)) / 2^6 = 0.21875.
+#   T=0.4: +0.75, +0.25, 2/3 - 1/4 = 5/12: mean 17/36 = 0.472, s.e. 0.147; b=7, c=1 (seed 2's t3 is an env error:
+#          no pair), p = 2 (1 + 8) / 2^8 = 0.0703125.
+FINAL = {
+    "seed": {0: {0.0: [1, 1, 1, 0], 0.4: [1, 1, 1, 1]}, 1: {0.0: [1, 1, 0, 0], 0.4: [1, 1, 0, 0]},
+             2: {0.0: [1, 1, 1, 1], 0.4: [1, 1, 0, None]}},
+    "grpo": {0: {0.0: [1, 0, 0, 0], 0.4: [0, 0, 0, 1]}, 1: {0.0: [0, 1, 0, 1], 0.4: [0, 0, 1, 0]},
+             2: {0.0: [1, 1, 0, 0], 0.4: [0, 0, 0, 1]}},
+}
+# Per update 1, 2: seed 0's arms sample alike at update 1 and differ at 2; seed 1's agree; seed 2 has no fingerprint.
+FINGERPRINTS = {"seed": {0: [11, 12], 1: [21, 22], 2: None}, "grpo": {0: [11, 99], 1: [21, 22], 2: None}}
+
+
+def _eval_record(done, outcomes_by_t):
+  """What evaluate_record writes: the first temperature's panel untagged and first, the others tagged."""
+  r = {"step": done, "wall_time": 0.0}
+  for i, (t, outs) in enumerate(outcomes_by_t.items()):
+    good = [o for o in outs if o is not None]
+    name = "eval" if i == 0 else f"eval_t{t:g}"
+    r.update({f"eval/{name}/episodes": len(outs), f"eval/{name}/success": sum(good) / len(good),
+              f"eval/{name}/return": 10 * sum(good) / len(good)})
+  r["eval/updates_done"] = done
+  return r
+
+
+def _fake_workdir(root):
+  for arm, seeds in FINAL.items():
+    for seed, final in seeds.items():
+      run = root / f"{arm}-s{seed}"
+      (run / "dumps").mkdir(parents=True)
+      fps = FINGERPRINTS[arm][seed]
+      updates = [{"step": u, "rollout/return": 0.0, "rollout/success": 0.0,
+                  **({"rollout/fingerprint": fps[u]} if fps else {})} for u in range(2)]
+      start = _eval_record(0, {t: [1, 0, 0, 0] for t in final})  # the shared warm start: 0.25
+      rows = [start] + updates + [_eval_record(2, final)]
+      (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+      episodes = [dict(panel="eval" if t == 0.0 else f"eval_t{t:g}", split="eval", temperature=t, chunk=0, index=k,
+                       task_id=f"t{k}", family="all", success=bool(o), ret=10.0 * bool(o), length=1,
+                       termination="env_error" if o is None else "done", invalid=0, steps=1)
+                  for t, outs in final.items() for k, o in enumerate(outs)]
+      (run / "dumps" / "eval_episodes_step000002.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+      (run / experiment.DONE_FILE).write_text("{}")
+
+
+def test_paired_summary_on_a_fake_workdir(tmp_path):
+  _fake_workdir(tmp_path)
+  experiment.write_outputs(str(tmp_path), ["seed", "grpo"], [0, 1, 2])
+  text = (tmp_path / "summary.md").read_text()
+  # final success of the first temperature: seed 0.75, 0.5, 1.0 (s.e. 0.25/sqrt(3)); grpo 0.25, 0.5, 0.5
+  assert "| seed | 3 | 0.250 | 0.750 ± 0.144 | 2 |" in text
+  assert "| grpo | 3 | 0.250 | 0.417 ± 0.083 | 2 |" in text
+  greedy = "| seed | eval | 0 | 3 | s0 +0.500, s1 +0.000, s2 +0.500 | +0.333 ± 0.167 | 5 | 1 | 0.2188 |"
+  warm = "| seed | eval | 0.4 | 3 | s0 +0.750, s1 +0.250, s2 +0.417 | +0.472 ± 0.147 | 7 | 1 | 0.07031 |"
+  assert greedy in text and warm in text and text.index(greedy) < text.index(warm)
+  assert "| 0 | seed | 2 | 2 |" in text  # first differing update, updates compared
+  assert "| 1 | seed | never | 2 |" in text
+  assert "| 2 | seed | - | 0 |" in text
+  assert "| grpo | eval |" not in text and "| 0 | grpo |" not in text  # the baseline is not paired with itself
+  rows = [json.loads(line) for line in open(tmp_path / "experiment.jsonl")]
+  train = [(r["updates"], r["fingerprint"]) for r in rows if (r["kind"], r["arm"], r["seed"]) == ("train", "grpo", 0)]
+  assert train == [(1, 11), (2, 99)]
+
+
+def test_summary_without_dumps_or_fingerprints_keeps_the_one_table():
+  ev = [dict(updates=0, success=0.2, ret=2.0)]
+  text = experiment.summarize({"seed": {0: dict(eval=ev, train=[])}, "grpo": {0: dict(eval=ev, train=[])}})
+  assert "McNemar" not in text and text.count("| 0 | seed | - | 0 |") == 1

@@ -228,7 +228,7 @@ DIE = """
 import os
 import jax
 from seed_jax import pipeline
-_rescore = pipeline._rescore
+_rescore = pipeline.rescore_samples
 
 
 def _rescore_or_die(rt, params, samples, with_skills):
@@ -238,7 +238,7 @@ def _rescore_or_die(rt, params, samples, with_skills):
   return _rescore(rt, params, samples, with_skills)
 
 
-pipeline._rescore = _rescore_or_die
+pipeline.rescore_samples = _rescore_or_die
 """
 
 

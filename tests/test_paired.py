@@ -1,0 +1,93 @@
+"""The skill sources reach the re-score and the loss (oracle, shuffled control, policy), and one update from the
+same state on the same samples: the OPD arm's weights differ from GRPO's, and equal them at OPD weight 0."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seed_jax import analyzers, paired, pipeline, runtime, skills, templates
+from seed_jax import update as update_lib
+from seed_jax.batch import collect_samples
+from seed_jax.infra.metrics import PhaseTimer
+
+from configs import textworld_express as twx_config
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+  c = twx_config.get_config("")
+  c.model.path, c.warmstart.before_rl, c.analyzer.enabled = tiny_model_dir, False, True
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 3, 2, 8
+  c.env.max_steps, c.model.max_prompt_tokens = 2, 512
+  c.analyzer.max_new_tokens, c.analyzer.max_prompt_tokens = 8, 1024
+  c.learner.minibatch_size, c.learner.micro_batch_size, c.learner.lr = 16, 4, 1e-3
+  c.analyzer.teacher_metrics = False
+  templates.use(c.templates)
+  rt = runtime.build(c)
+  played = pipeline.play(rt, rt.init_params, 0, PhaseTimer(progress=False))
+  yield rt, played
+  rt.close()
+
+
+def _rescored(rt, analysis, played):
+  samples = collect_samples(played.good, analysis.skills, rt.tokenizer, rt.cfg.model.max_prompt_tokens)
+  old, skill, _ = pipeline.rescore_samples(rt, rt.init_params, samples, with_skills=True)
+  return samples, old, skill
+
+
+@pytest.mark.parametrize("source", ["oracle", "oracle-shuffled"])
+def test_gold_path_sources_reach_the_rescore(setup, source):
+  rt, played = setup
+  src = dataclasses.replace(rt, cfg=paired.source_config(rt.cfg, source))
+  analysis, m = pipeline.self_analysis(src, rt.init_params, played, PhaseTimer(progress=False), None)
+  assert m["analysis/parse_rate"] > 0
+  samples, old, skill = _rescored(src, analysis, played)
+  rows = np.flatnonzero(samples.opd_mask_N)
+  assert rows.size
+  for i in rows:
+    text = skills.augment_prompt("", analysis.skills[samples.traj_index_N[i]])
+    assert rt.tokenizer.decode(samples.skill_prompts[i]).count(text.strip()[:40]) == 1
+    assert not np.array_equal(old[i], skill[i])  # the skill context was scored, not the plain one reused
+  if source == "oracle-shuffled":  # every skill is another task's
+    oracle = pipeline.self_analysis(dataclasses.replace(rt, cfg=paired.source_config(rt.cfg, "oracle")),
+                                    rt.init_params, played, PhaseTimer(progress=False), None)[0]
+    tasks = [t.task.task_id for t in played.good]
+    own = {tasks[k]: s for k, s in enumerate(oracle.skills)}
+    for k, s in enumerate(analysis.skills):
+      assert s is None or own.get(tasks[k]) != s or list(own.values()).count(s) > 1
+
+
+def test_policy_backend_replies_reach_the_rescore(setup):
+  rt, played = setup
+  analysis, _ = pipeline.self_analysis(rt, rt.init_params, played, PhaseTimer(progress=False), None)
+  assert len(analysis.replies) == len(played.good)  # the policy decoded one reply per trajectory
+  # The tiny random policy writes no JSON; a policy that does goes through the same parse and re-score:
+  reply = skills.format_skill_json("The agent looked around.", "Open the door before you go east.")
+  backend = analyzers.PolicyAnalyzer(lambda texts: [reply] * len(texts))
+  forced = skills.analyze_trajectories(backend, played.good, rt.cfg.analyzer)
+  samples, old, skill = _rescored(rt, forced, played)
+  assert samples.opd_mask_N.all() and all(not np.array_equal(o, s) for o, s in zip(old, skill))
+
+
+def test_one_update_seed_differs_from_grpo_and_equals_it_at_weight_zero(setup):
+  rt, played = setup
+  oracle = pipeline.self_analysis(dataclasses.replace(rt, cfg=paired.source_config(rt.cfg, "oracle")),
+                                  rt.init_params, played, PhaseTimer(progress=False), None)[0]
+  assert any(oracle.skills)
+  out = {}
+  for arm in (paired.Arm("grpo", "none", None, 0.0), paired.Arm("w0", "gated", "oracle", 0.0),
+              paired.Arm("w1", "gated", "oracle", 1.0)):
+    ac = paired.arm_config(rt.cfg, arm)
+    learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params, *runtime.learner_plan(ac)))
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
+    state, m = pipeline.learn(learner, state, played, None if arm.source is None else oracle, played.metrics,
+                              PhaseTimer(progress=False), None)
+    out[arm.name] = (jax.tree.leaves(jax.device_get(state.params)), m)
+  assert out["w1"][1]["update/opd_tokens"] > 0 and out["w0"][1]["update/opd_tokens"] > 0
+  grpo, w0, w1 = (out[k][0] for k in ("grpo", "w0", "w1"))
+  for a, b in zip(grpo, w0):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-7)
+  assert max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))) for a, b in zip(grpo, w1)) > 1e-5
