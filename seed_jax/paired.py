@@ -140,7 +140,7 @@ def run_batch(rt, learners: dict[str, Any], arm_list: Sequence[Arm], probe: Prob
     source_stats[source] = dict(parse_success=_rate([o for s, o in ok if s]), parse_failure=_rate([o for s, o in ok if not s]))
   base = dict(batch=b, fingerprint=played.metrics["rollout/fingerprint"], rollout_success=played.metrics.get("rollout/success"),
               rollout_invalid=played.metrics.get("rollout/invalid_action_rate"), episodes=len(played.good),
-              **{f"parse_{k}/{s}": v for s, st in source_stats.items() for k, v in st.items()})
+              **{f"{k}/{s}": v for s, st in source_stats.items() for k, v in st.items()})
   out = []
   for arm in arm_list:
     learner = learners[arm.name]
