@@ -82,7 +82,7 @@ def eval_curve(metrics_path: str) -> list[dict[str, Any]]:
 def train_curve(metrics_path: str) -> list[dict[str, Any]]:
   """Per update: skill-parse rate, mean OPD gate and gap, rollout success, the rollout fingerprint (an exact
   integer) and the teacher's on/off-gold AUC and gold-reply gain (teacher_quality.py); absent keys are NaN."""
-  get = lambda r, k: float(r.get(k, math.nan))
+  get = lambda r, k: math.nan if r.get(k) is None else float(r[k])  # NaN is written as null
   fp = lambda r: r["rollout/fingerprint"] if isinstance(r.get("rollout/fingerprint"), (int, float)) else math.nan
   return [dict(updates=int(r["step"]) + 1, parse=get(r, "analysis/parse_rate"), gate=get(r, "update/opd_gate_mean"),
                gap=get(r, "update/opd_gap_mean"), success=get(r, "rollout/success"), fingerprint=fp(r),
@@ -128,7 +128,7 @@ def plot(results: dict[str, dict[int, dict]], path: str) -> None:
       if curves:
         n = min(map(len, curves))
         m, _ = paired_stats.mean_se([c[:n] for c in curves])
-        ax.plot(range(1, n + 1), m, style, color=COLORS["seed"], label=f"seed: {name}")
+        ax.plot(range(1, n + 1), m, linestyle=style, color=COLORS["seed"], label=f"seed: {name}")
   ax.set_title("skill parse, OPD gate / gap, teacher AUC / gold gain (SEED)")
   report.save_figure(fig, axes, path, "update", dpi=110)
 

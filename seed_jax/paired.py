@@ -103,12 +103,12 @@ def build_probe(rt, params, num_tasks: int, per_state: int, key) -> Probe:
 
 
 def probe_logps(rt, params, probe: Probe) -> tuple[np.ndarray, np.ndarray]:
-  """(gold reply log-prob per state, sampled reply log-prob per sample), each summed over the reply."""
-  T = rt.cfg.rollout.temperature
-  gold = rt.rescorer.score(params, [probe.prompts], probe.gold, T)[0][0]
-  samp = rt.rescorer.score(params, [probe.sample_prompts], probe.samples, T)[0][0]
-  total = lambda xs: np.asarray([np.sum(x, dtype=np.float64) for x in xs])
-  return total(gold), total(samp)
+  """(gold reply log-prob per state, sampled reply log-prob per sample), each summed over the reply; one re-score
+  call over both sets."""
+  lp = rt.rescorer.score(params, [probe.prompts + probe.sample_prompts], probe.gold + probe.samples,
+                         rt.cfg.rollout.temperature)[0][0]
+  total = np.asarray([np.sum(x, dtype=np.float64) for x in lp])
+  return total[:len(probe.gold)], total[len(probe.gold):]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -56,11 +56,11 @@ def sample_rows(rt, params, trajs: Sequence[Trajectory], samples: batch_lib.Samp
   for i in range(1, len(samples)):
     same = samples.traj_index_N[i] == samples.traj_index_N[i - 1]
     step_of[i] = step_of[i - 1] + 1 if same else 0
+  labels = [gold_labels(t, g) for t, g in zip(trajs, golds)]
   rows, gold_idx, gold_resp = [], [], []
   for i in idx:
     k, j = int(samples.traj_index_N[i]), int(step_of[i])
-    traj, gold = trajs[k], golds[k]
-    label = gold_labels(traj, gold)[j]
+    traj, gold, label = trajs[k], golds[k], labels[k][j]
     gap = np.asarray(skill_logp[i], np.float64) - np.asarray(old_logp[i], np.float64)
     rows.append(dict(u=u, task=traj.task.task_id, group=traj.group_id, traj=traj.traj_id, step=j,
                      success=bool(traj.success), on_gold=label, gap=float(gap.mean()) if gap.size else 0.0,
