@@ -208,6 +208,9 @@ def get_base() -> ml_collections.ConfigDict:
   w.reasoning = True  # demo replies carry one short <think> line before the action (False: the action only)
   w.policy_weight = 1  # times each demo step record enters the SFT mix
   w.analyzer_weight = 1  # times each analyzer record (an analysis of the demo's RL-length view) enters it
+  # Times each demo step record also enters with the demo's honest hindsight skill in its prompt, H(h, s) as the
+  # re-score renders it: a policy that never saw a skill block may not read one (0 = off)
+  w.skill_prompt_weight = 0
   # Who writes the analyzer records: "hindsight" (honest: only what the trajectory shows, as the policy must when it
   # analyses its own episodes) | "oracle" (privileged: failure rules name gold actions the trajectory never shows)
   w.analyzer_source = "hindsight"

@@ -54,7 +54,8 @@ _STAGE_POSITIVE = {
     "warmstart": ("warmstart.num_tasks", "warmstart.envs", "warmstart.policy_weight"),
 }
 _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac"),
-                       "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight", "warmstart.self_play_rollouts")}
+                       "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight", "warmstart.self_play_rollouts",
+                                     "warmstart.skill_prompt_weight")}
 _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")

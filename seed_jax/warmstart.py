@@ -194,17 +194,37 @@ def analyzer_records(trajs: Sequence[Trajectory], golds: Sequence[Sequence[str] 
   return out
 
 
+def skill_prompt_records(trajs: Sequence[Trajectory], cfg: ml_collections.ConfigDict,
+                         tokenizer: tokenizer_lib.Tokenizer) -> list[dict]:
+  """Every demo step once more, its prompt carrying the demo's own honest hindsight skill (of the RL-length view)
+  where RL's re-score would insert it, the reply unchanged; steps whose H(h, s) exceeds model.max_prompt_tokens
+  are left out, as the re-score leaves them without a skill."""
+  out = []
+  for t in trajs:
+    found = hindsight.hindsight_analysis(rl_view(t, cfg.env.max_steps), cfg.analyzer.success_threshold)
+    if found is None:
+      continue
+    for k, s in enumerate(t.steps):
+      prompt = skills.augment_prompt(s.prompt_text, found[1], s.info.get("skill_at"))
+      if len(tokenizer.encode_chat(prompt)) <= cfg.model.max_prompt_tokens:
+        out.append(dict(kind="policy", task_id=t.task.task_id, step=k, prompt=prompt, response=s.response_text,
+                        skill=True))
+  return out
+
+
 def build_records(trajs: Sequence[Trajectory], golds: Sequence[Sequence[str]], cfg: ml_collections.ConfigDict,
                   tokenizer: tokenizer_lib.Tokenizer) -> list[dict]:
-  """Policy records (every demo step) and analyzer records (the source's replies on the RL-length view), each
-  repeated by its weight in `cfg.warmstart`."""
+  """Policy records (every demo step; with `skill_prompt_weight`, also under the demo's skill) and analyzer records
+  (the source's replies on the RL-length view), each repeated by its weight in `cfg.warmstart`."""
   wc = cfg.warmstart
   policy = [dict(kind="policy", task_id=t.task.task_id, step=k, prompt=s.prompt_text, response=s.response_text)
-            for t in trajs for k, s in enumerate(t.steps)]
+            for t in trajs for k, s in enumerate(t.steps)] * wc.policy_weight
+  if wc.skill_prompt_weight:
+    policy += skill_prompt_records(trajs, cfg, tokenizer) * wc.skill_prompt_weight
   analyzer = []
   if wc.analyzer_weight:
     analyzer = analyzer_records([rl_view(t, cfg.env.max_steps) for t in trajs], golds, cfg, tokenizer)
-  return policy * wc.policy_weight + analyzer * wc.analyzer_weight
+  return policy + analyzer * wc.analyzer_weight
 
 
 def demo_tasks(cfg: ml_collections.ConfigDict) -> list[Task]:

@@ -2,6 +2,7 @@
 prompts equal the rollout's, a tiny policy overfits the demos (greedy replies reproduce the gold actions), the
 cache is reused, self-play adds the policy's own failures, and an RL run from the warm policy has a learning
 signal in every update."""
+import dataclasses
 import json
 import os
 import types
@@ -203,6 +204,27 @@ def test_a_hindsight_target_quoting_unseen_text_is_an_error(monkeypatch):
   trajs, golds = _demos()
   with pytest.raises(ValueError, match=r"twx/coin/train/1 quotes \['move east'\]"):
     warmstart.build_records(trajs, golds, twx_config.get_config(""), WORDS)
+
+
+def test_skill_prompt_records_carry_the_demo_own_honest_skill():
+  c = twx_config.get_config("")
+  c.env.max_steps, c.model.max_prompt_tokens = 3, 60
+  solved, _ = _demos()
+  prompts = [f"Your task: find the coin\nYou see: {o}\nYour turn." for o in (KITCHEN, KITCHEN, PANTRY)]
+  demo = dataclasses.replace(solved[0], steps=[dataclasses.replace(s, prompt_text=p)
+                                               for s, p in zip(solved[0].steps, prompts)])
+  assert not [r for r in warmstart.build_records([demo], [GOLD], c, WORDS) if r.get("skill")]  # off by default
+  c.warmstart.skill_prompt_weight, c.warmstart.analyzer_weight = 2, 0
+  records = warmstart.build_records([demo], [GOLD], c, WORDS)
+  plain, with_skill = records[:3], records[3:]
+  skill = hindsight.hindsight_analysis(demo)[1]
+  assert hindsight.unseen_mentions(demo, skill) == [] and "3. take coin" in skill
+  assert [r["prompt"] for r in plain] == prompts
+  assert [r["prompt"] for r in with_skill] == [skills.augment_prompt(p, skill) for p in prompts] * 2
+  assert all(skill in r["prompt"] and r["prompt"].startswith("Your task: find the coin\n") for r in with_skill)
+  assert [r["response"] for r in with_skill] == [s.response_text for s in demo.steps] * 2
+  c.model.max_prompt_tokens = len(with_skill[0]["prompt"].split()) - 1  # H(h, s) too long: left out, as in RL
+  assert len(warmstart.build_records([demo], [GOLD], c, WORDS)) == 3
 
 
 def test_self_play_config_and_cache_key(tmp_path):
