@@ -176,6 +176,9 @@ def load_params(rt: Player, cfg: ml_collections.ConfigDict) -> tuple[Any, int, s
       state, _ = ckpt.restore(step, abstract)
     except FileNotFoundError as e:
       raise EvalSourceError(str(e)) from None
+    except ckpt_lib.DamagedCheckpointError as e:
+      raise EvalSourceError(f"checkpoint {folder} step {step if step is not None else ckpt.latest_step()} is "
+                            f"damaged: {e}") from None
     except (ValueError, TypeError) as e:  # another architecture: Orbax names the mismatching arrays
       raise EvalSourceError(f"checkpoint {folder} does not fit {cfg.model.path}: {str(e).splitlines()[0]}") from None
     done = step if step is not None else ckpt.latest_step()

@@ -55,8 +55,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if cfg.mesh.ref_params_memory == "pinned_host":  # [scale] the frozen KL reference waits in host RAM
         rt.init_params = mesh_lib.with_memory_kind(rt.init_params, "pinned_host")
       start, history, restarts_before = 0, [], 0
-      if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
+      if (found := ckpt.restore_latest(ckpt_lib.abstract_state(state))) is not None:
+        state, meta = found
         start, history = int(meta["next_update"]), list(meta.get("history", []))
         restarts_before = int(meta.get("env_restarts", 0))
         log.info("resumed from %s after %d updates (next: update %d/%d)", workdir, start, start + 1, total)

@@ -258,8 +258,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
   try:
     state = _on_mesh(update_lib.init_state(params, optimizer), mesh)
     start = 0
-    if ckpt.latest_step() is not None:
-      state, meta = ckpt.restore(None, ckpt_lib.abstract_state(state))
+    if (found := ckpt.restore_latest(ckpt_lib.abstract_state(state))) is not None:
+      state, meta = found
       start = int(meta["next_step"])
       log.info("sft: resumed at step %d", start)
     last: dict[str, Any] = {}

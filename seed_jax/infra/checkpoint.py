@@ -11,21 +11,32 @@ Every process calls save/restore (Orbax coordinates the writers in multi-host ru
 
 A failed asynchronous write (a full disk) surfaces as one CheckpointWriteError naming the step, the folder and
 the OS's cause at the first `poll()`, `save()` or `wait()` after it; Orbax's own tracebacks of it are dropped.
+
+A step proves itself on restore: `meta` carries every array's checksum (checksum.py, independent of the mesh)
+and a digest of its own JSON, so flipped bytes in a data or metadata file, a truncated or a deleted file all fail
+the restore or the comparison (TensorStore restores some damaged data files without any error). `restore_latest`
+reports such a step in one line, moves it to <directory>.damaged/ and resumes from the newest intact one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 from typing import Any, Mapping, Sequence
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
+from seed_jax.infra import checksum
+
+log = logging.getLogger(__name__)
 _MISSING = "<missing>"
 
 
@@ -35,6 +46,15 @@ class IncompatibleCheckpointError(ValueError):
 
 class CheckpointWriteError(RuntimeError):
   """An asynchronous save failed; its message is one line: the step, the folder, the cause, what is saved."""
+
+
+class DamagedCheckpointError(RuntimeError):
+  """A step's files restore to something other than what was saved (or do not restore)."""
+
+
+def _digest(meta: Mapping[str, Any]) -> str:
+  body = {k: v for k, v in meta.items() if k != "digest"}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 class _DropOrbaxErrors(logging.Filter):
@@ -57,9 +77,15 @@ for _name in ("absl", "asyncio"):
 
 def _drop_closed_loop_callbacks(previous):
   """After a failed write, TensorStore completes the save's other pending writes into the event loop Orbax has
-  closed; each prints an unraisable 'Event loop is closed' traceback. Those alone are dropped."""
+  closed; each prints an unraisable 'Event loop is closed' traceback. After a failed read (a damaged step,
+  reported once by restore_latest), Orbax's abandoned reads of the other shards print theirs when collected.
+  Those alone are dropped."""
   def hook(u):
-    if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+    closed = isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+    frames = traceback.extract_tb(u.exc_traceback) if u.exc_traceback is not None else []
+    abandoned_read = any(f.name == "_read_array_index_and_device_put" and f"{os.sep}orbax{os.sep}" in f.filename
+                         for f in frames)
+    if not (closed or abandoned_read):
       previous(u)
   hook.drops_closed_loop_callbacks = True
   return hook
@@ -108,6 +134,11 @@ def abstract_state(tree: Any) -> Any:
                       tree)
 
 
+def array_specs(tree: Any) -> dict[str, str]:
+  """{key path: "shape dtype"} of every array leaf (concrete or abstract), as JSON keeps it."""
+  return {jax.tree_util.keystr(p): f"{tuple(x.shape)} {x.dtype}" for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
   """'field: checkpoint=A, current=B' for every field whose values differ (or exist on one side only)."""
   diffs = []
@@ -150,6 +181,9 @@ class Checkpointer:
       json.dumps(meta)
     except TypeError as e:
       raise ValueError(f"checkpoint metadata must be JSON values: {e}") from None
+    meta["arrays"] = array_specs(state)
+    meta["checksums"] = checksum.tree_checksums(state)
+    meta["digest"] = _digest(meta)
     self.wait()  # Orbax waits for the previous save anyway; its failure is reported as that step's
     started = self._manager.save(int(step), force=force, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
@@ -193,13 +227,22 @@ class Checkpointer:
     return step
 
   def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
-    """The stored {"fingerprint": ..., "metadata": ...} of `step` (default: latest)."""
+    """The stored {"fingerprint": ..., "metadata": ..., "checksums": ...} of `step` (default: latest);
+    DamagedCheckpointError if it does not read back as written."""
     step = self._check_step(step)
-    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    try:
+      meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:
+      raise DamagedCheckpointError(f"its metadata does not read: {_cause(e)}") from e
+    legacy = isinstance(meta, dict) and set(meta) == {"fingerprint", "metadata"}  # written before digests
+    if not isinstance(meta, dict) or not legacy and meta.get("digest") != _digest(meta):
+      raise DamagedCheckpointError("its metadata differs from what was written (digest)")
+    return meta
 
   def restore(self, step: int | None, abstract: Any) -> tuple[Any, dict[str, Any]]:
     """(state, metadata) of `step` (None: latest). `abstract` is a pytree of jax.ShapeDtypeStruct whose
-    shardings decide where every restored array lives (any mesh, so a run can resume on another layout)."""
+    shardings decide where every restored array lives (any mesh, so a run can resume on another layout).
+    DamagedCheckpointError if a file does not restore or an array differs from its saved checksum."""
     step = self._check_step(step)
     meta = self.restore_metadata(step)
     if self.fingerprint is not None:
@@ -207,8 +250,54 @@ class Checkpointer:
       if diffs:
         raise IncompatibleCheckpointError(
             f"checkpoint {self.directory} step {step} does not match the current config: " + "; ".join(diffs))
-    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    return restored["state"], meta["metadata"]
+    if "checksums" not in meta:  # a step written before checksums were kept: restored unchecked
+      return self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract)))["state"], meta["metadata"]
+    if diffs := fingerprint_diff(meta["arrays"], array_specs(abstract)):  # another model or optimizer, not damage
+      raise IncompatibleCheckpointError(f"checkpoint {self.directory} step {step} holds other arrays than this "
+                                        f"run's state: {diffs[0]}" + (f" (and {len(diffs) - 1} more)" if diffs[1:] else ""))
+    try:
+      state = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    except Exception as e:
+      raise DamagedCheckpointError(f"its arrays do not restore: {_cause(e)}") from e
+    if bad := checksum.differing(meta["checksums"], checksum.tree_checksums(state)):
+      raise DamagedCheckpointError(f"{len(bad)} of {len(meta['checksums'])} arrays differ from their saved "
+                                   f"checksums, first {bad[0]}")
+    return state, meta["metadata"]
+
+  def restore_latest(self, abstract: Any) -> tuple[Any, dict[str, Any]] | None:
+    """(state, metadata) of the newest intact step; None when there is none. Each damaged step on the way is
+    reported in one line and moved to <directory>.damaged/<step> (kept for a look, out of Orbax's sight). Every
+    process calls it; they agree on each step, so a damage only one process reads is a damage for all."""
+    for step in reversed(self.all_steps()):
+      try:
+        out, cause = self.restore(step, abstract), ""
+      except DamagedCheckpointError as e:
+        out, cause = None, str(e)
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        if not np.all(multihost_utils.process_allgather(np.int32(out is not None))):
+          out, cause = None, cause or "damaged as another process reads it"
+      if out is not None:
+        return out
+      older = [s for s in self.all_steps() if s < step]
+      log.warning("checkpoint %d is damaged (%s); %s", step, cause,
+                  f"resuming from {older[-1]}" if older else "no older checkpoint: starting from the beginning")
+      self._move_aside(step)
+    return None
+
+  def _move_aside(self, step: int) -> None:
+    if jax.process_index() == 0:
+      dest = os.path.join(f"{self.directory}.damaged", str(step))
+      k = 1
+      while os.path.exists(dest):
+        dest, k = os.path.join(f"{self.directory}.damaged", f"{step}.{k}"), k + 1
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
+    self._manager.reload()
 
   def close(self) -> None:
     try:

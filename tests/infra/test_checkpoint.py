@@ -65,7 +65,9 @@ def test_round_trip_is_bit_exact(tmp_path):
   assert meta2 == meta
   # a fresh process-like reopen reads the same thing
   ck2 = checkpoint.Checkpointer(str(tmp_path), _cfg(), fingerprint=FP, read_only=True)
-  assert ck2.restore_metadata(3) == {"fingerprint": FP, "metadata": meta}
+  stored = ck2.restore_metadata(3)
+  assert {k: stored[k] for k in ("fingerprint", "metadata")} == {"fingerprint": FP, "metadata": meta}
+  assert set(stored["checksums"]) == set(stored["arrays"]) == set(checkpoint.array_specs(state))
   restored2, _ = ck2.restore(None, checkpoint.abstract_state(state))
   _assert_bit_equal(restored2, state)
   ck2.close()
@@ -230,3 +232,67 @@ def test_abandoned_orbax_write_logged_by_asyncio_is_dropped_and_other_errors_are
   assert not logged(record("", "/data/run/checkpoints/1.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/d/92d6"))
   assert logged(record(os.path.join(os.sep, "app", "mine.py")))
   assert logged(record(""))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Damaged steps: detected, moved aside, resumed from the newest intact one
+
+
+def _big_state(seed: int):
+  return dict(_state(seed), big=jax.random.normal(jax.random.PRNGKey(100 + seed), (256, 256), jnp.float32))
+
+
+def _files(step_dir):
+  return sorted((os.path.join(d, f) for d, _, fs in os.walk(step_dir) for f in fs), key=os.path.getsize)
+
+
+def _flip(path, at=None, n=64):
+  data = bytearray(open(path, "rb").read())
+  at = len(data) // 2 if at is None else at
+  for i in range(at, min(at + n, len(data))):
+    data[i] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+
+
+DAMAGES = {
+    "data bytes": lambda d: _flip(_files(os.path.join(d, "state"))[-1]),
+    "our metadata": lambda d: _flip(os.path.join(d, "meta", "metadata"), n=8),
+    "array metadata": lambda d: _flip(os.path.join(d, "state", "_METADATA"), n=8),
+    "truncated": lambda d: os.truncate(_files(os.path.join(d, "state"))[-1], 1000),
+    "deleted": lambda d: os.remove(_files(os.path.join(d, "state"))[-1]),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_step_is_reported_moved_aside_and_the_previous_one_resumed(damage, tmp_path, caplog):
+  folder = str(tmp_path / "checkpoints")
+  with checkpoint.Checkpointer(folder, _cfg(), fingerprint=FP) as ck:
+    ck.save(1, _big_state(1), {"next": 1})
+    ck.save(2, _big_state(2), {"next": 2})
+  DAMAGES[damage](os.path.join(folder, "2"))
+  with caplog.at_level(logging.WARNING, logger="seed_jax.infra.checkpoint"), \
+      checkpoint.Checkpointer(folder, _cfg(), fingerprint=FP) as ck:
+    state, meta = ck.restore_latest(checkpoint.abstract_state(_big_state(0)))
+    assert ck.all_steps() == [1]
+  _assert_bit_equal(state, _big_state(1))
+  assert meta == {"next": 1}
+  lines = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+  assert len(lines) == 1 and lines[0].startswith("checkpoint 2 is damaged (") and lines[0].endswith("resuming from 1")
+  assert os.path.isdir(str(tmp_path / "checkpoints.damaged" / "2"))  # kept, not deleted
+
+
+def test_every_step_damaged_starts_over_and_another_model_is_not_damage(tmp_path, caplog):
+  folder = str(tmp_path / "checkpoints")
+  with checkpoint.Checkpointer(folder, _cfg(), fingerprint=FP) as ck:
+    ck.save(1, _big_state(1), {"next": 1})
+  other = dict(_big_state(1), big=jnp.zeros((256, 128), jnp.float32))
+  with checkpoint.Checkpointer(folder, _cfg(), fingerprint=FP) as ck:
+    with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"\['big'\]: checkpoint='\(256, 256\) float32'"):
+      ck.restore_latest(checkpoint.abstract_state(other))
+    assert ck.all_steps() == [1]  # a config mismatch leaves the step where it is
+  DAMAGES["data bytes"](os.path.join(folder, "1"))
+  with caplog.at_level(logging.WARNING, logger="seed_jax.infra.checkpoint"), \
+      checkpoint.Checkpointer(folder, _cfg(), fingerprint=FP) as ck:
+    assert ck.restore_latest(checkpoint.abstract_state(_big_state(0))) is None
+    assert ck.all_steps() == []
+  assert any(r.getMessage().endswith("no older checkpoint: starting from the beginning") for r in caplog.records)
