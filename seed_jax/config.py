@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import urllib.parse
 from typing import Any
 
 import ml_collections
@@ -171,6 +172,18 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if cfg.analyzer.backend == "external" or (cfg.stage == "annotate" and cfg.annotate.analyzer == "external"):
     if cfg.analyzer.external.concurrency < 1:
       raise ValueError(f"config.analyzer.external.concurrency={cfg.analyzer.external.concurrency} must be >= 1")
+    url = urllib.parse.urlparse(cfg.analyzer.external.base_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+      raise ValueError(f"config.analyzer.external.base_url={cfg.analyzer.external.base_url!r} is not an http(s) URL "
+                       "(e.g. http://127.0.0.1:8000/v1)")
+    key = cfg.analyzer.external.api_key_env
+    if key and not os.environ.get(key):  # the key itself is read from the environment only, when the client starts
+      raise ValueError(f"environment variable {key!r} (analyzer.external.api_key_env) is not set; set it or use "
+                       "api_key_env='' for a server without keys")
+  a = cfg.analyzer
+  if 0 <= a.stop_update <= a.start_update:  # the analysis window [start_update, stop_update) would be empty
+    raise ValueError(f"config.analyzer.stop_update={a.stop_update} must be < 0 (never stop) or after "
+                     f"config.analyzer.start_update={a.start_update}")
   if not 0 < cfg.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
   if cfg.learner.minibatch_size % cfg.learner.micro_batch_size:
@@ -200,4 +213,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   needs_env = cfg.stage in ("rl", "collect", "warmstart", "eval") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")
   if needs_env and "name" not in cfg.env:
     raise ValueError("config.env.name is missing: use an environment config such as configs/sciworld.py")
+  from seed_jax.envs import _MODULES as ENVS
+  if "name" in cfg.env and cfg.env.name not in ENVS:
+    raise ValueError(f"config.env.name={cfg.env.name!r} is not an environment; known: {', '.join(sorted(ENVS))}")
   templates.check(cfg.templates, "" if cfg.stage == "generate" else cfg.env.get("name", ""))  # generate: no env

@@ -82,7 +82,10 @@ def main(argv):
     print(generate_once(cfg))
     return
   if cfg.stage in ("collect", "annotate", "sft", "warmstart"):
-    run_stage1(cfg)
+    try:
+      run_stage1(cfg)
+    except FileNotFoundError as e:  # a stage's input that an earlier stage (or the user) did not write
+      sys.exit(f"{cfg.stage} error: {_first_line(e)}")
     return
   from seed_jax import loop
   from seed_jax.infra import distributed, preflight

@@ -103,10 +103,11 @@ def test_env_config_is_the_env_section_before_the_variant(name):
 
 @pytest.mark.parametrize("name", ENV_CONFIGS)
 @pytest.mark.parametrize("stage", ["collect", "annotate", "sft", "warmstart"])
-def test_every_env_has_the_stage1_variants(name, stage, tmp_path):
+def test_every_env_has_the_stage1_variants(name, stage, tmp_path, monkeypatch):
   """Each env config takes `:<stage>` and `:<stage>,paper`; the paper's annotation goes through the external
-  analyzer (a strong LLM), the CPU one through the env's gold-path oracle."""
+  analyzer (a strong LLM, its key in the environment), the CPU one through the env's gold-path oracle."""
   module = importlib.import_module(f"configs.{name}")
+  monkeypatch.setenv(module.get_config("").analyzer.external.api_key_env, "k")
   for paper in (False, True):
     cfg = module.get_config(stage + (",paper" if paper else ""))
     assert cfg.stage == stage and cfg.env.name == name
