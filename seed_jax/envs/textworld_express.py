@@ -3,7 +3,10 @@ tests and CPU runs.
 
 Games: coin, cookingworld, twc, mapreader, arithmetic, sorting, simonsays, peckingorder. A game instance is
 (game, generation params, seed, fold); the package splits seeds into train/dev/test folds. Reward 10 when
-the game reports task success, else 0. The gold action sequence comes from the simulator.
+the game reports task success, else 0. The gold action sequence comes from the simulator, except for coin:
+there the simulator's gold path is a random walk that changes from one reset of the same game to the next (3 to
+27 steps for one 4-room seed), so the coin's gold path is the shortest one, found by a breadth-first search over
+rooms (moves in sorted order, each branch replayed from the reset): the same for every reset, process and host.
 """
 from __future__ import annotations
 
@@ -73,8 +76,8 @@ class TWXEnv:
       if msg:
         raise ValueError(f"task {task.task_id}: simulator rejected game={game!r} params={params!r}: {msg}")
       self._loaded = (game, params)
-    state = json.loads(self._server.generateNewGameJSON(seed, fold, True))
-    self._gold = list(self._server.getGoldActionSequence())
+    state = json.loads(self._server.generateNewGameJSON(seed, fold, game != "coin"))
+    self._gold = list(self._server.getGoldActionSequence()) if game != "coin" else self._shortest_coin_path(seed, fold)
     self._task_description = self._server.getTaskDescription()
     self._done = False
     return self._observation(state)
@@ -91,6 +94,35 @@ class TWXEnv:
   def gold_actions(self) -> list[str]:
     return list(self._gold)
 
+  def _replay(self, seed: int, fold: str, moves: Sequence[str]) -> dict[str, Any]:
+    state = json.loads(self._server.generateNewGameJSON(seed, fold, False))
+    for a in moves:
+      state = json.loads(self._server.stepJSON(a))
+    return state
+
+  def _shortest_coin_path(self, seed: int, fold: str) -> list[str]:
+    """"look around", the fewest rooms to the coin's (each closed door opened before it is passed), "take coin"
+    (the simulator's gold form); the game is left at its start. [] when no reachable room holds the coin."""
+    frontier, seen, found = [[]], {_room(self._replay(seed, fold, []))}, None
+    while frontier and found is None:
+      nxt = []
+      for path in frontier:
+        state = self._replay(seed, fold, path)
+        if "take coin" in state["validActions"]:
+          found = path
+          break
+        valid = set(state["validActions"])
+        for move in sorted(a for a in valid if a.startswith("move ")):
+          door = f"open door to {move[len('move '):]}"  # a closed door is opened just before passing it
+          edge = [door, move] if door in valid else [move]
+          room = _room(self._replay(seed, fold, [*path, *edge]))
+          if room not in seen:
+            seen.add(room)
+            nxt.append([*path, *edge])
+      frontier = nxt
+    self._replay(seed, fold, [])
+    return [] if found is None else ["look around", *found, "take coin"]
+
   def close(self) -> None:
     self._sim.close()
 
@@ -98,6 +130,12 @@ class TWXEnv:
     # Sorted: the simulator lists valid actions in hash order, and G envs must render identical prompts.
     return Observation(text=state["observation"], task_description=self._task_description,
                        admissible=sorted(state["validActions"]))
+
+
+def _room(state: dict[str, Any]) -> str:
+  """The room an observation starts with ("You are in the kitchen. ..." -> "kitchen")."""
+  text = state["observation"]
+  return text.split("You are in the ", 1)[1].split(".", 1)[0] if "You are in the " in text else text
 
 
 def make_env(cfg: Any) -> TWXEnv:

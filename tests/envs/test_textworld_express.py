@@ -117,3 +117,33 @@ def test_bad_task_is_an_env_error_and_the_pool_recovers(pool, cfg):
   assert out[1].text  # the other env of the same call is fine
   again = pool.reset([good])[0]
   assert again == out[1]
+
+
+COIN_4 = "numLocations=4,includeDoors=0,numDistractorItems=0"
+COIN_DOORS = "numLocations=11,includeDoors=1,numDistractorItems=0"
+
+
+def _coin(seed, params):
+  return Task(f"twx/coin/train/{seed}", "train", "textworld_express",
+              {"game": "coin", "params": params, "seed": seed, "fold": "train"}, "coin")
+
+
+def test_coin_gold_path_is_the_shortest_and_the_same_on_every_reset(cfg):
+  """The simulator's own coin gold path is a random walk (seed 3 of 4 rooms: 3, 17, 19, 5 steps on successive
+  resets); the env's is the breadth-first shortest, the same on every reset of every env."""
+  want = {(3, COIN_4): ["look around", "move south", "take coin"],
+          (4, COIN_4): ["look around", "move west", "take coin"],
+          (4, COIN_DOORS): ["look around", "move west", "open door to north", "move north", "open door to west",
+                            "move west", "take coin"]}
+  env = twx.make_env(cfg)
+  try:
+    for _ in range(3):
+      for (seed, params), gold in want.items():
+        first = env.reset(_coin(seed, params))
+        assert env.gold_actions() == gold
+        again = env.reset(_coin(seed, params))  # the search leaves the game at its start
+        assert again == first
+        results = [env.step(a) for a in gold]
+        assert results[-1].done and results[-1].reward == 10.0 and not any(r.done for r in results[:-1])
+  finally:
+    env.close()
