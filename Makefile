@@ -22,11 +22,15 @@ $(VENV)/.ready: requirements.txt requirements-nodeps.txt requirements-test.txt p
 run: venv
 	$(BIN)/python -m seed_jax.main --config=configs/sciworld.py $(ARGS)
 
+# Two processes, each running whole test files (module fixtures are built once); JOBS=0 runs in this process.
+JOBS ?= 2
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
 test: venv
-	$(BIN)/python -m pytest -q tests $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests $(ARGS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -q tests -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests -m "not slow" $(ARGS)
 
 clean:
 	rm -rf $(VENV)
