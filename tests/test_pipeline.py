@@ -1,6 +1,7 @@
 """The SEED pipeline end to end on real environments with a tiny model: metrics, dumps, OPD masking,
 kill-and-resume, the analyzer-off GRPO case, and config errors (the train step itself: test_update.py)."""
 import json
+import logging
 import os
 import re
 import signal
@@ -31,9 +32,11 @@ REQUIRED = ("rollout/return", "rollout/success", "rollout/episode_length", "roll
 
 class _Analyst(BaseHTTPRequestHandler):
   """OpenAI-compatible stand-in analyzer on loopback: valid JSON for prompts whose trajectory id digit is even
-  (a deterministic half of the trajectories), prose otherwise."""
+  (a deterministic half of the trajectories), prose otherwise. Keeps the Authorization headers it was sent."""
+  auth: list = []
 
   def do_POST(self):
+    _Analyst.auth.append(self.headers.get("Authorization"))
     body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
     prompt = body["messages"][-1]["content"]
     ok = sum(map(ord, prompt)) % 2 == 0 and "JSON object only" not in prompt
@@ -79,11 +82,47 @@ def _read_jsonl(path):
     return [json.loads(line) for line in f]
 
 
+SECRET = "sk-seed-test-" + "5eed" * 8  # the analyzer's API key in the full run: sent, and written nowhere
+
+
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(self.format(record))
+
+
 @pytest.fixture(scope="module")
 def full_run(tiny_model_dir, analyst_url, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("full"))
-  out = loop.train(_config(tiny_model_dir, analyst_url), workdir)
-  return workdir, out
+  cfg = _config(tiny_model_dir, analyst_url)
+  cfg.analyzer.external.api_key_env = "SEED_TEST_ANALYZER_KEY"
+  logs, root = _Records(), logging.getLogger()
+  level = root.level
+  root.addHandler(logs)
+  root.setLevel(logging.DEBUG)
+  try:
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setenv("SEED_TEST_ANALYZER_KEY", SECRET)
+      out = loop.train(cfg, workdir)
+  finally:
+    root.removeHandler(logs)
+    root.setLevel(level)
+  return workdir, dict(out, logs=logs.messages)
+
+
+def test_the_analyzer_key_is_sent_and_written_nowhere(full_run):
+  workdir, out = full_run
+  assert _Analyst.auth and f"Bearer {SECRET}" in _Analyst.auth
+  files = [os.path.join(d, f) for d, _, fs in os.walk(workdir) for f in fs]
+  kinds = {os.path.relpath(f, workdir).split(os.sep)[0] for f in files}
+  assert {"metrics.jsonl", "dumps", "tb", "checkpoints"} <= kinds, kinds  # every kind of output is searched
+  for f in files:
+    with open(f, "rb") as fh:
+      assert SECRET.encode() not in fh.read(), f
+  assert out["logs"] and not [m for m in out["logs"] if SECRET in m]
 
 
 def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
