@@ -26,14 +26,14 @@ def paper(c, _=True) -> None:
 
 def experiment(c, paper: bool) -> None:
   """SEED against GRPO at CPU size (python -m seed_jax.experiment --config=configs/textworld_express.py:experiment
-  --seeds=0,1): coin collection over 4 rooms, action-only replies, a weak warm start (SFT on 2 gold-path
+  --seeds=0,1): coin collection over 4 rooms, action-only replies, a weak warm start (SFT on 4 shortest-path
   demos, then on those and the honest hindsight analyses of 12 of its own episodes) shared by every arm and
   seed, evaluation on a fixed 32-game panel at the training temperature before training and after the last
   update. `--mode=paired` runs the one-update test on it instead (seed_jax/paired.py).
 
-  The warm start is weak on purpose: from 8 demos the policy already solved most of the panel and RL had no room
-  (docs/results/). From 2 demos it writes a valid action at temperature 0.4 but mostly not at 1.0, where RL
-  samples and where the panel is played.
+  The warm start is weak on purpose: from 8 (random-walk) demos the policy already solved most of the panel and
+  RL had no room (docs/results/). The demos know where the coin is; the policy does not, so a skill that says
+  where it was carries information the prompt lacks.
 
   No entropy bonus and no KL term in either arm: when every group of an update is homogeneous (all advantages
   0), Adam rescales the bonus's tiny gradient to full-size steps, and a pilot's policy went from no invalid actions to
@@ -53,7 +53,8 @@ def experiment(c, paper: bool) -> None:
   c.objectives.entropy_coef, c.objectives.kl_coef = 0.0, 0.0
   c.warmstart.before_rl = True
   stage1.cpu_warmstart(c)
-  c.warmstart.num_tasks, c.warmstart.reasoning = 2, False
+  c.warmstart.num_tasks, c.warmstart.reasoning = 4, False
+  c.warmstart.policy_weight = 2  # 4 shortest-path demos are 12 steps: twice each, or T 1.0 replies stay malformed
   c.warmstart.self_play_rollouts = 12  # failures to analyse: the demos all succeed
   c.train.num_updates = 3
   c.eval.every, c.eval.max_tasks, c.eval.at_start = 0, 32, True

@@ -126,7 +126,7 @@ def test_experiment_sizes():
     c.model.path = "embedded"
     config_lib.validate(c)
     assert (c.env.game_params.coin, c.env.max_steps, c.warmstart.num_tasks, c.objectives.kl_coef) == \
-        ("numLocations=4,includeDoors=0,numDistractorItems=0", 8, 2, 0.0)
+        ("numLocations=4,includeDoors=0,numDistractorItems=0", 8, 4, 0.0)
   assert (cpu.rollout.tasks_per_update * cpu.rollout.group_size, cpu.train.num_updates) == (16, 3)
   assert big.rollout.tasks_per_update * big.rollout.group_size == 256 and 30 <= big.train.num_updates <= 50
   assert cpu.eval.temperature == cpu.rollout.temperature  # the CPU race plays the panel as it trains
