@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,32 @@ def test_resume_after_interruption_equals_uninterrupted_run(full_run, tiny_model
     for k, v in a.items():
       if not k.startswith(("time/", "wall_time", "rollout/tokens_per_s")):
         assert b[k] == v, k
+
+
+def test_a_damaged_newest_checkpoint_is_named_set_aside_and_the_update_redone(full_run, tiny_model_dir, analyst_url,
+                                                                               tmp_path, caplog):
+  """64 bytes flipped in the middle of the newest step's largest data file (TensorStore restores that without an
+  error): the resumed run names the step in one line, moves it aside, resumes from the step before and ends on
+  the uninterrupted run's parameters and metrics."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(full_run[0], workdir)
+  newest = os.path.join(workdir, "checkpoints", "2", "state")
+  data = max((os.path.join(d, f) for d, _, fs in os.walk(newest) for f in fs), key=os.path.getsize)
+  blob = bytearray(open(data, "rb").read())
+  blob[len(blob) // 2:len(blob) // 2 + 64] = bytes(b ^ 0xFF for b in blob[len(blob) // 2:len(blob) // 2 + 64])
+  open(data, "wb").write(bytes(blob))
+  with caplog.at_level(logging.WARNING):
+    resumed = loop.train(_config(tiny_model_dir, analyst_url, num_updates=2), workdir)
+  lines = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+  assert len(lines) == 1 and lines[0].startswith("checkpoint 2 is damaged (") and lines[0].endswith("resuming from 1")
+  assert os.path.isdir(os.path.join(workdir, "checkpoints.damaged", "2"))
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full_run[1]["state"].params, resumed["state"].params)
+  rows, full_rows = (_read_jsonl(os.path.join(d, "metrics.jsonl")) for d in (workdir, full_run[0]))
+  assert [r["step"] for r in rows] == [0, 1]
+  volatile = ("time/", "wall_time", "rollout/tokens_per_s")
+  assert [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in rows] == \
+      [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in full_rows]
 
 
 def test_kill_between_metrics_and_checkpoint_redoes_the_update_once(full_run, tiny_model_dir, analyst_url, tmp_path):
