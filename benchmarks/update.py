@@ -21,6 +21,7 @@ The update counts 3x the forward (backward = 2x; learner.remat would add one mor
 kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real tokens.
 
   python -m benchmarks.update [--size default|big] [--warm] [--set rescore.old_logps=rescore ...]
+  python -m benchmarks.update --config=sokoban --set model.path=DIR  # another env config (configs/<module>)
   python -m benchmarks.update --compare=old_logps  # rescore.old_logps=auto vs =rescore, one JSON line
   python -m benchmarks.update --compare=packing    # packed rows (the default) vs padded buckets
 
@@ -67,10 +68,12 @@ def override(cfg, pair: str) -> None:
     node[leaf] = ast.literal_eval(text)
 
 
-def make_config(size: str, warm: bool, sets: Sequence[str]):
-  from configs import sciworld
+def make_config(size: str, warm: bool, sets: Sequence[str], config: str = "sciworld"):
+  """`config`: a configs/ module name with an optional variant ("sokoban", "sokoban:paper")."""
+  import importlib
   from seed_jax.config import validate
-  cfg = sciworld.get_config("")
+  name, _, variant = config.partition(":")
+  cfg = importlib.import_module(f"configs.{name}").get_config(variant)
   cfg.warmstart.before_rl = warm
   cfg.log.tensorboard, cfg.log.wandb, cfg.log.progress = False, False, False
   for pair in ([f"{k}={v}" for k, v in BIG.items()] if size == "big" else []) + list(sets):
@@ -119,7 +122,7 @@ def run_update(a) -> dict[str, Any]:
   from seed_jax import update as update_lib
   from seed_jax.infra.metrics import MetricsWriter
   load_start = common.load_avg()
-  cfg = make_config(a.size, a.warm, a.set)
+  cfg = make_config(a.size, a.warm, a.set, a.config)
   if cfg.compile_cache.enabled:  # as seed_jax.main: a later run reads the compiled programs back
     from seed_jax.infra import compile_cache
     compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
@@ -156,8 +159,8 @@ def run_update(a) -> dict[str, Any]:
   compiles["in_measured_update"] = sum(compiles[k] - int(warm_m.get(f"compiles/{k}", 0)) for k in compiles)
   return dict(
       bench="update", cpu=common.cpu_model(), load_avg=dict(start=load_start, measured=load_measured, end=common.load_avg()),
-      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model="SmolLM2-135M",
-      size=a.size, warm=a.warm, set=list(a.set), tasks_per_update=cfg.rollout.tasks_per_update,
+      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model=cfg.model.path,
+      config=a.config, size=a.size, warm=a.warm, set=list(a.set), tasks_per_update=cfg.rollout.tasks_per_update,
       group_size=cfg.rollout.group_size, step_samples=int(m.get("tokens/update_rows_real", 0)) // passes,
       phases=phases,
       analysis_rescore_over_rollout=round(wall(("analysis", "rescore")) / wall(("rollout",)), 4),
@@ -177,7 +180,8 @@ COMPARE = {  # name -> (first child's settings, second child's settings)
 
 def run_child(a, settings: Sequence[str]) -> dict[str, Any]:
   """This benchmark in a child process (its own peak memory and compile counts) with `settings` added."""
-  args = [sys.executable, "-m", "benchmarks.update", "--child", "--size", a.size] + (["--warm"] if a.warm else [])
+  args = [sys.executable, "-m", "benchmarks.update", "--child", "--size", a.size, "--config", a.config] + \
+      (["--warm"] if a.warm else [])
   for pair in list(a.set) + list(settings):
     args += ["--set", pair]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
@@ -190,6 +194,7 @@ def run_child(a, settings: Sequence[str]) -> dict[str, Any]:
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--size", choices=("default", "big"), default="default")
+  p.add_argument("--config", default="sciworld", help="configs/ module[:variant], e.g. sokoban")
   p.add_argument("--warm", action="store_true", help="keep the RL run's warm start (the cached warm policy acts)")
   p.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
   p.add_argument("--compare", choices=sorted(COMPARE), help="two children, one per setting of COMPARE[name]")
