@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import evaluate, paired_stats, records, report
+from seed_jax.infra import machine
 from seed_jax.infra.metrics import MetricsWriter
 
 DONE_FILE = "run_done.json"
@@ -235,7 +236,8 @@ def write_outputs(workdir: str, arms: Sequence[str], seeds: Sequence[int]) -> di
   if results:
     plot(results, os.path.join(workdir, "curves.png"))
     with open(os.path.join(workdir, "summary.md"), "w", encoding="utf-8") as f:
-      f.write(summarize(results, "grpo" if "grpo" in results else next(iter(results))))
+      f.write(f"Machine: {machine.cpu_description()}\n\n" +
+              summarize(results, "grpo" if "grpo" in results else next(iter(results))))
   return results
 
 

@@ -30,6 +30,7 @@ from seed_jax import batch as batch_lib
 from seed_jax import paired_report, pipeline, records, runtime, sft, teacher_quality
 from seed_jax import update as update_lib
 from seed_jax.config import sampling
+from seed_jax.infra import machine
 from seed_jax.infra.metrics import PhaseTimer
 from seed_jax.paired_report import ARMS_FILE, SOURCES, TEACHER_FILE
 from seed_jax.sample import SamplingParams
@@ -189,7 +190,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, batches: int, weights: Seq
       rows, trows = run_batch(rt, learners, arm_list, probe, before, b)
       records.append_records(os.path.join(workdir, TEACHER_FILE), trows)
       records.append_records(os.path.join(workdir, ARMS_FILE), rows)  # last: it marks the batch done
-    extra = dict(probe_states=len(probe.prompts), probe_samples=len(probe.samples), model=c.model.path)
+    extra = dict(probe_states=len(probe.prompts), probe_samples=len(probe.samples), model=c.model.path,
+                 cpu=machine.cpu_description())
   finally:
     rt.close()
   return paired_report.write(workdir, extra)

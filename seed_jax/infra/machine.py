@@ -1,0 +1,25 @@
+"""The machine a figure was measured on, for benchmark lines and result tables."""
+from __future__ import annotations
+
+
+def cpu_description() -> str:
+  """The CPU as /proc/cpuinfo names it, with its family and model numbers and its AVX-512 / bf16 instruction
+  sets: "AMD EPYC" alone does not tell Zen 3 from Zen 4, and figures from two CPU models are not comparable."""
+  fields: dict[str, str] = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "cpu family", "model", "flags") and key not in fields:
+          fields[key] = value.strip()
+        if len(fields) == 4:
+          break
+  except OSError:
+    pass
+  if "model name" not in fields:
+    return "unknown"
+  flags = set(fields.get("flags", "").split())
+  sets = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags] or ["no AVX-512"]
+  return (f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, "
+          f"{', '.join(sets)})")
