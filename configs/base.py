@@ -220,6 +220,9 @@ def get_base() -> ml_collections.ConfigDict:
   w.self_play_rollouts = 0
   w.cache_dir = ""  # before_rl: finished warm starts are kept here by config hash; "" = ~/.cache/seed_jax/warmstart
 
+  f = c.faults = ml_collections.ConfigDict()  # fault drills (seed_jax/infra/faults.py; one process only)
+  f.plan = ""  # "kind@update,...", kinds env_kill, nan_grad, sigterm, ckpt_write, kill9; "" = none
+
   j = c.compile_cache = ml_collections.ConfigDict()  # JAX's persistent compilation cache
   j.enabled = True
   j.dir = ""  # "" = ~/.cache/seed_jax/jax_compilation_cache

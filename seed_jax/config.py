@@ -165,6 +165,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if not 0 < o.gigpo_similarity <= 1:
     raise ValueError(f"config.objectives.gigpo_similarity={o.gigpo_similarity} must be in (0, 1]")
   check_mesh_shapes(cfg.mesh)
+  from seed_jax.infra.faults import parse_plan
+  parse_plan(cfg.faults.plan)
   temps = tuple(cfg.eval.get("temperatures", ()))  # the first keeps the untagged eval keys: eval.temperature
   if temps and (temps[0] != cfg.eval.temperature or len(set(temps)) < len(temps) or min(temps) < 0):
     raise ValueError(f"config.eval.temperatures={temps} must hold distinct temperatures >= 0, the first "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from seed_jax import evaluate, pipeline, report
 from seed_jax import update as update_lib
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import distributed
+from seed_jax.infra import faults as faults_lib
 from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra import preflight
 from seed_jax.infra import stop as stop_lib
@@ -48,6 +50,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   is_writer = distributed.is_writer()  # [scale]
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
+  faults = faults_lib.Faults(cfg.faults.plan, workdir, cfg.seed)
+  if faults.plan and jax.process_count() > 1:
+    raise distributed.SetupError("config.faults.plan (fault drills) runs on one process")
   total = cfg.train.num_updates
   try:
     with stop_lib.StopSignals(multi_process=jax.process_count() > 1) as stop:
@@ -72,22 +77,41 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         t0 = time.time()
         if stop.at_sync_point(u):  # every process of a preempted pod stops before the same update
           return _stop(ckpt, state, u, saved, meta, stop.requested, last)
+        if faults.take("env_kill", u):
+          rt.pool.kill_simulator_before_step(faults.env_index(u, rt.pool.num_envs), 2)
+        boundaries = [0]
+
+        def check():  # at each phase boundary of the update
+          boundaries[0] += 1
+          if boundaries[0] == 2 and faults.take("sigterm", u):  # after the rollout
+            os.kill(os.getpid(), signal.SIGTERM)
+          stop.check()
+          ckpt.poll()
         try:
-          state, metrics = pipeline.rl_update(rt, state, u, writer, lambda: (stop.check(), ckpt.poll()))
+          state, metrics = pipeline.rl_update(rt, state, u, writer, check, nan_advantages=faults.take("nan_grad", u))
         except stop_lib.StopRequested as e:  # state is still that of update u - 1, the last one completed
           return _stop(ckpt, state, u, saved, meta, e.signame, last)
+        finally:
+          rt.pool.disarm()
         metrics["time/update_total_s"] = time.time() - t0
         restarts = sum(distributed.allgather_objects(rt.pool.restarts))
         metrics["env/restarts"] = restarts - restarts_seen
         metrics["env/restarts_total"] = restarts_before + restarts
         restarts_seen = restarts
+        if faults.plan:
+          metrics["faults/fired_total"] = len(faults.fired)
         last = writer.write(u, metrics)
         log.info("%s", report.summary_line(u, total, last))
         if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < total:
           evaluate.evaluate_record(rt, writer, state.params, u + 1)
         history.append({k: v for k, v in last.items() if isinstance(v, (int, float)) and "/" in k and "time" not in k})
+        if faults.take("ckpt_write", u):
+          raise ckpt_lib.CheckpointWriteError(f"checkpoint {u + 1} could not be written in {ckpt.directory}: a fault "
+                                              f"drill (config.faults.plan); the latest saved checkpoint is {saved}")
         if ckpt.save(u + 1, state, metadata=meta(u + 1), force=u + 1 == total):
           saved = u + 1
+        if faults.take("kill9", u):  # the process dies while the checkpoint is being written
+          os._exit(137)
         # The final evaluation too is left for the resumed run. Several processes agree at the next sync point.
         if stop.requested and not stop.multi_process:
           return _stop(ckpt, state, u + 1, saved, meta, stop.requested, last)

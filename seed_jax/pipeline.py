@@ -50,10 +50,10 @@ class Played:
 
 
 def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: MetricsWriter,
-              check: Callable[[], None] = lambda: None) -> tuple[Any, dict]:
+              check: Callable[[], None] = lambda: None, nan_advantages: bool = False) -> tuple[Any, dict]:
   """One SEED update: rollout -> analyze -> collect -> re-score -> advantages -> PPO -> report. `check` runs
   before each phase up to the PPO step and may raise to end the update there (the state is then unchanged):
-  a requested stop, a failed checkpoint write."""
+  a requested stop, a failed checkpoint write. `nan_advantages`: a fault drill (seed_jax.infra.faults)."""
   timer = writer.phase_timer()
   played = play(rt, state.params, u, timer, check)
   if not played.usable:
@@ -63,7 +63,7 @@ def rl_update(rt: Runtime, state: update_lib.TrainState, u: int, writer: Metrics
   if analysis_active(rt.cfg, u):
     analysis, am = self_analysis(rt, state.params, played, timer, writer, check)
     metrics.update(am)
-  return learn(rt, state, played, analysis, metrics, timer, writer, check)
+  return learn(rt, state, played, analysis, metrics, timer, writer, check, nan_advantages)
 
 
 def play(rt: Runtime, params, u: int, timer, check: Callable[[], None] = lambda: None) -> Played:
@@ -102,7 +102,7 @@ def self_analysis(rt: Runtime, params, played: Played, timer, writer: MetricsWri
 
 def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: skills.Analysis | None,
           metrics: dict[str, Any], timer, writer: MetricsWriter | None,
-          check: Callable[[], None] = lambda: None) -> tuple[Any, dict]:
+          check: Callable[[], None] = lambda: None, nan_advantages: bool = False) -> tuple[Any, dict]:
   """collect -> re-score -> advantages -> PPO epochs -> report, from `state` on the played batch with these
   skills (None: no analysis this update). Leaves `played` unchanged, so several arms can learn from it."""
   cfg, good, u, key = rt.cfg, played.good, played.u, played.key
@@ -123,6 +123,8 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
     if writer is not None:
       writer.dump_jsonl("teacher", u, rows)
   adv_N = advantages.compute_advantages(advantages.StepSamples.from_trajectories(good), cfg.objectives)
+  if nan_advantages:  # the fault drill's NaN loss and gradient
+    adv_N = np.full_like(adv_N, np.nan)
   metrics.update(advantage_metrics(shares.gather_concat(adv_N)))  # groups are host-local: no gather needed above
   metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0

@@ -60,6 +60,7 @@ MORE = {
     "workdir_is_a_file": ([T, "--workdir={tmp}/file"], "workdir error: workdir '{tmp}/file' is not usable"),
     "sft_records": ([T, "--config.stage=sft", "--config.sft.data=/nonexistent.jsonl"],
                     "sft error: no SFT records at '/nonexistent.jsonl'"),
+    "faults_plan": ([T, "--config.faults.plan=boom@x"], "config error: config.faults.plan item 'boom@x': want kind@update"),
     "annotate_input": ([T, "--config.stage=annotate", "--config.annotate.input=/nonexistent.jsonl"],
                        "annotate error: no trajectory file '/nonexistent.jsonl'"),
 }
@@ -94,7 +95,7 @@ def test_a_bad_build_time_value_is_one_config_error_line(case, tmp_path):
   _check(case, start, *_run(args, tmp_path), tmp_path)
 
 
-@pytest.mark.slow  # 31 subprocesses, two at a time
+@pytest.mark.slow  # 32 subprocesses, two at a time
 def test_every_bad_input_of_the_table_is_one_line_naming_it(tmp_path):
   assert len(CASES) + len(MORE) >= 25
   folders = {name: tmp_path / name for name in MORE}

@@ -108,6 +108,7 @@ class EnvPool:
     self.reset_timeout_s = float(cfg.reset_timeout_s if reset_timeout_s is None else reset_timeout_s)
     self.start_timeout_s = float(cfg.start_timeout_s if start_timeout_s is None else start_timeout_s)
     self.restarts = 0  # workers restarted after a timeout or crash (a metric for the run log)
+    self._kill_plan: list[int] | None = None  # [env, steps to go]: a fault drill (kill_simulator_before_step)
     self._closed = False
     self._workers = [_Worker(family, cfg) for _ in range(num_envs)]
     atexit.register(self.close)
@@ -137,9 +138,24 @@ class EnvPool:
       self._workers[i].needs_reset = isinstance(out[i], EnvError)
     return [out[i] for i in indices]
 
+  def kill_simulator_before_step(self, i: int, n: int) -> None:
+    """Fault drill (seed_jax.infra.faults): env i's simulator is SIGKILLed just before its n-th step call from
+    now, as if its JVM had died under it."""
+    self._kill_plan = [i, n]
+
+  def disarm(self) -> None:
+    """Cancels a drill that has not struck (its env's episode ended first)."""
+    self._kill_plan = None
+
   def step(self, actions: Mapping[int, str]) -> dict[int, StepResult | EnvError]:
     """Steps only the given env indices (the active ones), in parallel."""
     self._check_indices(actions)
+    if self._kill_plan is not None and self._kill_plan[0] in actions:
+      self._kill_plan[1] -= 1
+      if self._kill_plan[1] == 0:
+        from seed_jax.infra.faults import kill_simulator
+        kill_simulator(self._workers[self._kill_plan[0]].pid)
+        self._kill_plan = None
     out: dict[int, Any] = {i: EnvError("not_reset", f"env {i} must be reset first")
                            for i in actions if self._workers[i].needs_reset}
     out.update(self._call({i: ("step", (a,)) for i, a in actions.items() if i not in out}, self.timeout_s))
@@ -202,8 +218,9 @@ class EnvPool:
       w.awaiting_ready = False
 
   def _restart(self, i: int, why: EnvError) -> None:
-    first_line = why.message.strip().splitlines()[0] if why.message.strip() else ""
-    log.warning("env %d %s, restarting its worker: %s", i, why.kind, first_line[:200])
+    lines = why.message.strip().splitlines()
+    cause = (lines[-1] if "Traceback (most recent call last)" in why.message else lines[0]) if lines else ""
+    log.warning("env %d %s, restarting its worker: %s", i, why.kind, cause.strip()[:200])  # a traceback's last line
     self._workers[i].kill()
     self._workers[i] = _Worker(self.family, self.cfg)
     self.restarts += 1
