@@ -319,6 +319,7 @@ def paper_default(c) -> None:
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
   c.analyzer.external.json_retry = False  # the reference retries only for WebShop and Sokoban
   c.rollout.stop_strings = ()  # the reference samples every reply to EOS
+  c.analyzer.max_skill_chars = 0  # the reference inserts the parsed skill whole (its length is bounded by the reply's)
   c.learner.minibatch_size = 256
   c.sampler.dtype = c.rescore.dtype = c.learner.dtype = "bfloat16"
   c.sampler.prefill_chunk = 2048  # 16k-token analysis prompts: one chunk's activations, not the prompt's

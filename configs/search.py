@@ -19,7 +19,9 @@ def get_config(variant: str = ""):
   c.env.name = "search"
   c.env.train_split = "train"
   c.eval.split = "test"  # Task.family is the data source: accuracy is reported per source
-  c.rollout.stop_strings = ("</search>", "</answer>")  # the closing tags of seed_jax.envs.search.TAGS
+  # The closing tags of seed_jax.envs.search.TAGS end a CPU run's reply early; :paper samples to EOS as the
+  # reference does (base.paper_default), and a reply that opens a second tag is invalid there as here.
+  c.rollout.stop_strings = ("</search>", "</answer>")
   c.objectives.invalid_penalty = 0.01
   c.objectives.kl_coef, c.objectives.entropy_coef = 0.001, 0.0
   return variants.build(variant, "search", c, base.cpu_default, VARIANTS)
@@ -29,7 +31,6 @@ def paper(c, _=True) -> None:
   base.paper_default(c)
   c.rollout.tasks_per_update, c.rollout.group_size = 128, 8
   c.env.max_steps, c.env.history_length = 4, 4
-  c.rollout.stop_strings = ("</search>", "</answer>")  # a search call ends the turn, as in the reference
   c.learner.minibatch_size = 512
   c.learner.schedule, c.learner.warmup_frac = "warmup_constant", 0.1
   c.env.success_reward = 1.0  # exact match in {0, 1}: the 0.01 invalid penalty is the reference's relative size

@@ -38,7 +38,8 @@ def test_paper_values(env):
   assert (c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens) == (16384, 4096)
   assert c.analyzer.salvage_truncated is False  # the reference drops replies cut off by the token limit
   assert c.analyzer.external.json_retry is (env in JSON_RETRY)
-  assert c.rollout.stop_strings == (("</search>", "</answer>") if search else ())  # else sampled to EOS
+  assert c.rollout.stop_strings == ()  # every reply sampled to EOS, Search's too
+  assert c.analyzer.max_skill_chars == 0  # the skill enters the teacher prompt uncut
   assert (c.eval.temperature, c.rollout.temperature) == (0.4, 1.0)
 
 
