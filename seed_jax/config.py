@@ -216,6 +216,6 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if needs_env and "name" not in cfg.env:
     raise ValueError("config.env.name is missing: use an environment config such as configs/sciworld.py")
   from seed_jax.envs import _MODULES as ENVS
-  if "name" in cfg.env and cfg.env.name not in ENVS:
+  if needs_env and cfg.env.name not in ENVS:  # stage generate plays no env (configs/generate.py: "none")
     raise ValueError(f"config.env.name={cfg.env.name!r} is not an environment; known: {', '.join(sorted(ENVS))}")
   templates.check(cfg.templates, "" if cfg.stage == "generate" else cfg.env.get("name", ""))  # generate: no env
