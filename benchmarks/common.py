@@ -88,8 +88,7 @@ def load_avg() -> list[float]:
   return [round(x, 2) for x in os.getloadavg()]
 
 
-def cpu_model() -> str:
-  return machine.cpu_description()
+cpu_model = machine.cpu_description
 
 
 def emit(result: dict[str, Any]) -> None:

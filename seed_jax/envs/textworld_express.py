@@ -103,11 +103,11 @@ class TWXEnv:
   def _shortest_coin_path(self, seed: int, fold: str) -> list[str]:
     """"look around", the fewest rooms to the coin's (each closed door opened before it is passed), "take coin"
     (the simulator's gold form); the game is left at its start. [] when no reachable room holds the coin."""
-    frontier, seen, found = [[]], {_room(self._replay(seed, fold, []))}, None
+    start = self._replay(seed, fold, [])
+    frontier, seen, found = [([], start)], {_room(start)}, None  # (moves, the state they reach)
     while frontier and found is None:
       nxt = []
-      for path in frontier:
-        state = self._replay(seed, fold, path)
+      for path, state in frontier:
         if "take coin" in state["validActions"]:
           found = path
           break
@@ -115,10 +115,10 @@ class TWXEnv:
         for move in sorted(a for a in valid if a.startswith("move ")):
           door = f"open door to {move[len('move '):]}"  # a closed door is opened just before passing it
           edge = [door, move] if door in valid else [move]
-          room = _room(self._replay(seed, fold, [*path, *edge]))
-          if room not in seen:
-            seen.add(room)
-            nxt.append([*path, *edge])
+          reached = self._replay(seed, fold, [*path, *edge])
+          if _room(reached) not in seen:
+            seen.add(_room(reached))
+            nxt.append(([*path, *edge], reached))
       frontier = nxt
     self._replay(seed, fold, [])
     return [] if found is None else ["look around", *found, "take coin"]

@@ -296,3 +296,17 @@ def test_every_step_damaged_starts_over_and_another_model_is_not_damage(tmp_path
     assert ck.restore_latest(checkpoint.abstract_state(_big_state(0))) is None
     assert ck.all_steps() == []
   assert any(r.getMessage().endswith("no older checkpoint: starting from the beginning") for r in caplog.records)
+
+
+def test_checksums_ignore_the_sharding_and_see_one_changed_element():
+  from seed_jax.infra import checksum
+  state = _big_state(3)
+  plain = checksum.tree_checksums(state)
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+  sharded = dict(state, big=jax.device_put(state["big"], NamedSharding(mesh, P("a", "b"))),
+                 params=dict(state["params"], emb=jax.device_put(state["params"]["emb"], NamedSharding(mesh, P(None, "a")))))
+  assert checksum.tree_checksums(sharded) == plain
+  nudged = dict(state, big=state["big"].at[17, 5].set(jnp.nextafter(state["big"][17, 5], jnp.inf)))  # one ulp
+  assert checksum.differing(plain, checksum.tree_checksums(nudged)) == ["['big']"]
+  swapped = dict(state, big=state["big"].at[0, :2].set(state["big"][0, 1::-1]))  # two elements trade places
+  assert checksum.differing(plain, checksum.tree_checksums(swapped)) == ["['big']"]
