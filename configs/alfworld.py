@@ -25,6 +25,7 @@ def paper(c, _=True) -> None:
   c.rollout.tasks_per_update, c.rollout.group_size = 16, 8
   c.env.max_steps, c.env.history_length = 30, 5
   c.model.max_prompt_tokens = 2048  # the reference's ALFWorld prompt limit
+  c.templates.action_list = "quoted_lines"  # the reference's action list
 
 
 VARIANTS = {variants.PAPER: paper, **variants.STAGES}

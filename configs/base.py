@@ -91,6 +91,9 @@ def get_base() -> ml_collections.ConfigDict:
   # Where H(h, s) puts the skill block: "after_task" (after the task line, else before the turn line, else at the
   # end), "before_turn" (before the turn line, else at the end), "placeholder" (at {skill} in both step templates).
   t.skill_placement = "after_task"
+  # How {admissible_actions} joins the env's actions: "comma", "lines", "quoted_lines" ('a' newline-space 'b', as
+  # verl-agent's ALFWorld prompt), "quoted_commas" ('a', newline 'b',  as its WebShop prompt); "" = the env's own.
+  t.action_list = ""
   t.json_retry = ""  # the external analyzer's follow-up turn when a reply does not parse (external.json_retry)
 
   o = c.objectives = ml_collections.ConfigDict()  # seed_jax.advantages (host) and seed_jax.losses (device)

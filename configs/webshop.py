@@ -30,6 +30,7 @@ def paper(c, _=True) -> None:
   c.env.max_steps, c.env.history_length = 15, 2
   c.learner.minibatch_size = 64
   c.env.human_goals = False  # the reference trains and tests on the synthetic goals
+  c.templates.action_list = "quoted_commas"  # the reference's action list
   c.env.type_tagger = "spacy:" + SPACY_MODEL  # the reference's spaCy noun tagger in the type reward
   c.analyzer.external.json_retry = True
 

@@ -158,8 +158,8 @@ def _files(tmp_path, **texts) -> dict:
   returns config.templates naming them."""
   tcfg = alfworld_config.get_config().templates
   for kind, text in texts.items():
-    if kind == "skill_placement":
-      tcfg.skill_placement = text
+    if kind in ("skill_placement", "action_list"):
+      tcfg[kind] = text
       continue
     path = tmp_path / f"{kind}-{next(_FILE_NUMBERS)}.txt"
     path.write_text(text + "\n", encoding="utf-8")
@@ -194,7 +194,7 @@ EXPECTED_LATER = (
     "corresponding actions you took: [Observation 1: 'You are in the middle of a room.', Action 1: 'go to sink 1']"
     "\n[Observation 2: 'You arrive at sink 1.', Action 2: 'look']\n"
     "You are now at step 3 and your current observation is: You see a mug 1.\n"
-    "Your admissible actions of the current situation are: [take mug 1 from sink 1, look].\n\n"
+    "Your admissible actions of the current situation are: ['take mug 1 from sink 1'\n 'look'].\n\n"
     "Now it's your turn to take an action, inside <action> </action> tags.")
 
 
@@ -203,16 +203,44 @@ def _alfworld(history, **cfg):
                                               _env_cfg("alfworld", **cfg))
 
 
-def test_a_reference_style_template_drops_in_unchanged(tmp_path):
-  tcfg = _files(tmp_path, step_first=REFERENCE_FIRST, step_later=REFERENCE_LATER, step_history=REFERENCE_HISTORY)
+def test_a_verl_agent_style_template_with_its_quoted_action_list(tmp_path):
+  """A template written in verl-agent's ALFWorld style, its actions quoted one per line ("\\n ".join("'a'"))."""
+  tcfg = _files(tmp_path, step_first=REFERENCE_FIRST, step_later=REFERENCE_LATER, step_history=REFERENCE_HISTORY,
+                action_list="quoted_lines")
   config_lib.validate(_with(tcfg))
   templates.use(tcfg)
   assert _alfworld(HISTORY) == EXPECTED_LATER
   assert _alfworld(HISTORY, history_length=0) == _alfworld([]) == (
       "You are an expert agent operating in the ALFRED Embodied Environment.\n"
       "Your current observation is: You see a mug 1.\n"
-      "Your admissible actions of the current situation are: [take mug 1 from sink 1, look].\n\n"
+      "Your admissible actions of the current situation are: ['take mug 1 from sink 1'\n 'look'].\n\n"
       "Now it's your turn to take an action, inside <action> </action> tags.")
+  tcfg.action_list = ""  # the env's own: comma-joined
+  templates.use(tcfg)
+  assert "are: [take mug 1 from sink 1, look]." in _alfworld([])
+
+
+@pytest.mark.parametrize("fmt,expected", [
+    ("comma", "search[<your query>], click[back to search]"),
+    ("lines", "search[<your query>]\nclick[back to search]"),
+    ("quoted_lines", "'search[<your query>]'\n 'click[back to search]'"),
+    ("quoted_commas", "'search[<your query>]',\n'click[back to search]',"),
+])
+def test_action_list_formats(tmp_path, fmt, expected):
+  tcfg = _files(tmp_path, step_first="{available_actions}", action_list=fmt)
+  templates.use(tcfg)
+  acts = ("search[<your query>]", "click[back to search]")
+  assert prompting.render_step_prompt("webshop", task_description="t", history=[], observation="o",
+                                      admissible_actions=acts, history_length=0, require_think=True) == expected
+  templates.use(_files(tmp_path, step_first="{available_actions}"))  # "": the env's own (WebShop: one per line)
+  obs = Observation("o", "buy a mug", list(acts))
+  assert get_family("webshop").render_prompt("buy a mug", [], obs, _env_cfg("webshop")) == "\n".join(acts)
+
+
+def test_an_unknown_action_list_format_is_one_line(tmp_path):
+  cfg = _with(_files(tmp_path, action_list="bullets"))
+  with pytest.raises(ValueError, match=r"templates.action_list.*bullets"):
+    config_lib.validate(cfg)
 
 
 def test_analysis_json_retry_and_skill_block_templates(tmp_path):
@@ -248,7 +276,7 @@ def test_skill_placements(tmp_path):
                                                                      "Skill from experience: Wash it.\n" + turn_line)
   tcfg = _files(tmp_path, skill_placement="placeholder", step_first="{skill}" + REFERENCE_FIRST,
                 step_later=REFERENCE_LATER.replace("You are now at step", "{skill}You are now at step"),
-                step_history=REFERENCE_HISTORY)
+                step_history=REFERENCE_HISTORY, action_list="quoted_lines")
   config_lib.validate(_with(tcfg))
   templates.use(tcfg)
   tok = type("CharTokenizer", (), {"encode_chat": lambda self, text: [ord(c) for c in text]})()
@@ -277,9 +305,9 @@ def test_bad_templates_are_one_clear_error(tmp_path):
   tcfg = _files(tmp_path, step_later=REFERENCE_LATER.replace("{current_observation}", "{current_observaton}"))
   assert _error(tcfg).startswith(f"config.templates.step_later: {tcfg.step_later}: unknown placeholder "
                                  "{current_observaton}; a step_later template may use {task_description}, ")
-  tcfg = _files(tmp_path, step_later=REFERENCE_LATER.replace("{current_observation}", "the room"))
+  tcfg = _files(tmp_path, step_later=REFERENCE_LATER.replace("{action_history}", "the past"))
   assert _error(tcfg) == (f"config.templates.step_later: {tcfg.step_later}: the required placeholder "
-                          "{current_observation} is missing")
+                          "{action_history} is missing")
   tcfg = _files(tmp_path)
   tcfg.json_retry = str(tmp_path / "nowhere.txt")
   assert _error(tcfg).startswith(f"config.templates.json_retry: {tcfg.json_retry}: cannot read it (")

@@ -137,7 +137,7 @@ def make_env(cfg: Any) -> AlfworldEnv:
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: Any) -> str:
-  return prompting.render_env_prompt(NAME, task_description, history, obs.text, ", ".join(obs.admissible or []), cfg)
+  return prompting.render_env_prompt(NAME, task_description, history, obs.text, obs.admissible or (), cfg)
 
 
 parse_action = prompting.parse_env_action

@@ -166,7 +166,7 @@ def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs
                   cfg: ml_collections.ConfigDict) -> str:
   # The image shows the cards and the formula; the formula line is kept as text.
   current = obs.text if cfg.observation == "text" else "<image>\n" + obs.text.splitlines()[-1]
-  return prompting.render_env_prompt(NAME, task_description, history, current, ", ".join(VOCAB), cfg)
+  return prompting.render_env_prompt(NAME, task_description, history, current, VOCAB, cfg)
 
 
 def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

@@ -207,7 +207,7 @@ def make_env(cfg: Any) -> SciWorldEnv:
 
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
-  return prompting.render_env_prompt("sciworld", task_description, history, obs.text, ", ".join(obs.admissible or []),
+  return prompting.render_env_prompt("sciworld", task_description, history, obs.text, obs.admissible or (),
                                      cfg, objects=", ".join(obs.info.get("objects", [])))
 
 

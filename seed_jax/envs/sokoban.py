@@ -192,7 +192,7 @@ def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAc
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: ml_collections.ConfigDict) -> str:
   current = "<image>" if cfg.observation == "image" else obs.text
-  return prompting.render_env_prompt(NAME, task_description, history, current, ", ".join(ACTIONS), cfg)
+  return prompting.render_env_prompt(NAME, task_description, history, current, ACTIONS, cfg)
 
 
 def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

@@ -144,7 +144,7 @@ def make_env(cfg: Any) -> TWXEnv:
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: Observation, cfg: Any) -> str:
   return prompting.render_env_prompt("textworld_express", task_description, history, obs.text,
-                                     ", ".join(obs.admissible or []), cfg)
+                                     obs.admissible or (), cfg)
 
 
 parse_action = prompting.parse_env_action

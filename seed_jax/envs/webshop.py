@@ -258,7 +258,8 @@ def make_env(cfg: Any) -> WebShopEnv:
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: Any) -> str:
   # One action per line: clickables (option values, titles) may hold commas.
-  return prompting.render_env_prompt(NAME, task_description, history, obs.text, "\n".join(obs.admissible or []), cfg)
+  return prompting.render_env_prompt(NAME, task_description, history, obs.text, obs.admissible or (), cfg,
+                                   list_format="lines")
 
 
 # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.

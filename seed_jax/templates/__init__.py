@@ -14,10 +14,19 @@ import hashlib
 import os
 import pathlib
 import string
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 PLACEMENTS = ("after_task", "before_turn", "placeholder")  # config.templates.skill_placement
+# config.templates.action_list: how {admissible_actions} / {available_actions} join the env's actions ("" = the
+# env's own: "lines" for WebShop, "comma" elsewhere). verl-agent lists ALFWorld's as "quoted_lines" and
+# WebShop's as "quoted_commas".
+ACTION_LISTS = {
+    "comma": lambda acts: ", ".join(acts),
+    "lines": lambda acts: "\n".join(acts),
+    "quoted_lines": lambda acts: "\n ".join(f"'{a}'" for a in acts),
+    "quoted_commas": lambda acts: "\n".join(f"'{a}'," for a in acts),
+}
 # The analysis reply's fixed keys (seed_jax.skills parses them); every analysis template must name both.
 SKILL_FIELD = "episode_skill"
 SUMMARY_FIELD = "episode_summary"
@@ -40,8 +49,9 @@ class Kind:
 
 
 KINDS = {
-    "step_first": Kind(_STEP, ("current_observation",), per_env=True),  # no past step shown
-    "step_later": Kind(_STEP, ("current_observation", "action_history"), per_env=True),
+    # The observation is optional: a template may show it only inside the history (verl-agent's Search prompt).
+    "step_first": Kind(_STEP, per_env=True),  # no past step shown
+    "step_later": Kind(_STEP, ("action_history",), per_env=True),
     "step_history": Kind(("step", "observation", "action"), ("action",)),  # one pair of {action_history}
     "analysis_success": Kind(_HEADER),
     "analysis_failure": Kind(_HEADER),
@@ -107,10 +117,12 @@ def load(path: str, kind: str, env: str = "") -> Template:
 class Selection:
   paths: Mapping[str, str]  # kind -> file; "" = the default
   skill_placement: str = "after_task"
+  action_list: str = ""  # a key of ACTION_LISTS; "" = the env's own
 
   @classmethod
   def from_config(cls, tcfg: Mapping[str, Any]) -> Selection:
-    return cls({k: tcfg.get(k, "") for k in KINDS}, tcfg.get("skill_placement", "after_task"))
+    return cls({k: tcfg.get(k, "") for k in KINDS}, tcfg.get("skill_placement", "after_task"),
+               tcfg.get("action_list", ""))
 
   def path(self, kind: str, env: str = "") -> str:
     if self.paths[kind]:
@@ -134,6 +146,11 @@ def get(kind: str, env: str = "") -> Template:
 
 def skill_placement() -> str:
   return _active.skill_placement
+
+
+def join_actions(actions: Sequence[str], env_default: str = "comma") -> str:
+  """The env's actions as {admissible_actions} shows them: config.templates.action_list, else `env_default`."""
+  return ACTION_LISTS[_active.action_list or env_default](list(actions))
 
 
 def check(tcfg: Mapping[str, Any], env: str = "") -> None:
@@ -173,4 +190,6 @@ def fingerprint(tcfg: Mapping[str, Any]) -> dict[str, str]:
   out = {k: hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest()[:12] for k, p in sel.paths.items() if p}
   if sel.skill_placement != DEFAULT.skill_placement:
     out["skill_placement"] = sel.skill_placement
+  if sel.action_list:
+    out["action_list"] = sel.action_list
   return out

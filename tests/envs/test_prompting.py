@@ -55,7 +55,7 @@ def _history(n):
 def _render(history, history_length, obs_chars=0):
   return prompting.render_step_prompt(
       "textworld_express", task_description="Your task is to  find\nthe coin.", history=history,
-      observation="You see a coin.", admissible_actions="take coin, look around",
+      observation="You see a coin.", admissible_actions=("take coin", "look around"),
       history_length=history_length, require_think=True, history_obs_chars=obs_chars)
 
 
