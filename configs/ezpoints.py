@@ -21,6 +21,7 @@ def paper(c, _=True) -> None:
   c.learner.minibatch_size = 128
   c.model.max_prompt_tokens = 1024
   c.train.num_updates = 100
+  c.env.answer_format = "json"  # the reference's policy answers {"action": ...}, read as gym-cards reads it
 
 
 VARIANTS = {variants.PAPER: paper, **variants.STAGES, **variants.VL}
@@ -31,7 +32,9 @@ def env_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.max_steps = 8  # tokens per episode; the env ends the episode there (info["truncated"])
   c.success_reward = 10.0  # reward when "=" evaluates to 12 with both cards used
-  c.require_think = True  # a response without <think>...</think> is invalid
+  c.require_think = True  # a response without <think>...</think> is invalid (answer_format "tags" only)
+  # "tags": <think>...</think><action>3</action>; "json": {"action": "3"} read as gym-cards reads it (the reference)
+  c.answer_format = "tags"
   c.history_length = 0  # past (observation, action) pairs in the prompt (SEED's EZPoints setting uses none)
   c.history_obs_chars = 0  # past observations in the prompt are clipped to this many characters (0 = no limit)
   c.observation = "text"  # "text": the cards are named in the prompt; "image": an <image> placeholder

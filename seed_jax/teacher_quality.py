@@ -37,7 +37,7 @@ def gold_labels(traj: Trajectory, gold: Sequence[str] | None) -> list[int]:
 
 def gold_reply(action: str, cfg) -> str:
   from seed_jax.warmstart import demo_response  # the reply form the warm start teaches
-  return demo_response(action, cfg.warmstart.reasoning)
+  return demo_response(action, cfg.warmstart.reasoning, cfg.env.get("answer_format", "tags"))
 
 
 def sample_rows(rt, params, trajs: Sequence[Trajectory], samples: batch_lib.Samples, old_logp: Sequence[np.ndarray],

@@ -63,10 +63,14 @@ _SELF_PLAY_KEY_FIELDS = ("rollout.temperature", "rollout.top_p", "rollout.top_k"
                          "rollout.stop_strings", "sampler.dtype")
 
 
-def demo_response(action: str, reasoning: bool = True) -> str:
+def demo_response(action: str, reasoning: bool = True, answer_format: str = "tags") -> str:
   """The demonstrated reply: one short reasoning line (unless `reasoning` is off), then the action in its answer
-  tags (an action that already carries its tags, such as Search-QA's `<answer>...</answer>`, is used as is)."""
+  tags (an action that already carries its tags, such as Search-QA's `<answer>...</answer>`, is used as is);
+  with env.answer_format "json" the JSON object {"thoughts": ..., "action": ...}."""
   action = action.strip()
+  if answer_format == "json":
+    thoughts = {"thoughts": f"The next step toward the goal is: {action}."} if reasoning else {}
+    return json.dumps({**thoughts, "action": action})
   block = action if action.startswith("<") else f"<action>{action}</action>"
   return f"<think>The next step toward the goal is: {_untag(action)}.</think>{block}" if reasoning else block
 
@@ -120,7 +124,7 @@ def play_demos(pool: EnvPool, family, env_cfg: Any, tokenizer: tokenizer_lib.Tok
           continue
         text, ids, truncated, _ = fitted
         traj.truncated_prompts += int(truncated)
-        response = demo_response(gold[t], reasoning)
+        response = demo_response(gold[t], reasoning, env_cfg.get("answer_format", "tags"))
         parsed = family.parse_action(response, env_cfg)
         if not parsed.valid:
           raise ValueError(f"{family.name}: the demonstrated reply {response!r} does not parse as a valid action "

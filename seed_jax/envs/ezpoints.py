@@ -157,16 +157,40 @@ def _token(text: str) -> str | None:
   return tok if tok in VOCAB else None
 
 
+def parse_json_action(response: str) -> base.ParsedAction:
+  """gym-cards' reading of a JSON answer (`"action": "3"`), as verl-agent's EZPoints projection does it: the
+  lower-cased text from `"action":` on (the last character when the key is missing) must name exactly one
+  vocabulary token, "10" counted before "1"; otherwise invalid ("no_action_tags" with no token, "ambiguous"
+  with several), and the env gets the response's tail."""
+  text = response.lower()
+  at = text.find('"action":')
+  rest = text[at:] if at >= 0 else text[-1:]
+  found = {"10"} if "10" in rest else set()
+  rest = rest.replace("10", "")
+  found |= {tok for tok in VOCAB if tok in rest}
+  if len(found) == 1:
+    return base.ParsedAction(found.pop(), True)
+  return base.ParsedAction(text[-prompting.INVALID_TAIL_CHARS:], False, "ambiguous" if found else "no_action_tags")
+
+
 def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAction:
-  """The shared parse, then valid only if the action is one token of the vocabulary."""
+  """env.answer_format "tags": the shared parse, valid only if the action is one token of the vocabulary;
+  "json": parse_json_action."""
+  if cfg.answer_format == "json":
+    return parse_json_action(response)
   return prompting.restrict(prompting.parse_action(response, cfg.require_think), _token)
+
+
+JSON_TURN_LINE = (f'{prompting.TURN_LINE_PREFIX}: answer with one JSON object whose "action" is exactly one of the '
+                  'admissible actions, e.g. {"thoughts": "...", "action": "3"}.')
 
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: ml_collections.ConfigDict) -> str:
   # The image shows the cards and the formula; the formula line is kept as text.
   current = obs.text if cfg.observation == "text" else "<image>\n" + obs.text.splitlines()[-1]
-  return prompting.render_env_prompt(NAME, task_description, history, current, VOCAB, cfg)
+  turn = JSON_TURN_LINE if cfg.answer_format == "json" else ""
+  return prompting.render_env_prompt(NAME, task_description, history, current, VOCAB, cfg, turn=turn)
 
 
 def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
@@ -184,6 +208,8 @@ def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
 
 
 def make_env(cfg: ml_collections.ConfigDict) -> EZPointsEnv:
+  if cfg.answer_format not in ("tags", "json"):
+    raise ValueError(f"ezpoints answer_format must be 'tags' or 'json', got {cfg.answer_format!r}")
   if cfg.observation not in ("text", "image") or (cfg.observation == "image" and not cfg.render_image):
     raise ValueError(f"ezpoints observation must be 'text' or 'image' (which needs render_image=True), got "
                      f"observation={cfg.observation!r}, render_image={cfg.render_image}")

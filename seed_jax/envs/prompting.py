@@ -121,13 +121,14 @@ def _clip(text: str, max_chars: int) -> str:
 def render_step_prompt(env: str, *, task_description: str, history: Sequence[tuple[str, str]], observation: str,
                        admissible_actions: Sequence[str] = (), history_length: int, require_think: bool,
                        history_obs_chars: int = 0, tags: Sequence[str] = ACTION_TAGS, list_format: str = "comma",
-                       **extra: str) -> str:
+                       turn: str = "", **extra: str) -> str:
   """The user message for one step: `env`'s step template (templates.KINDS lists its placeholders).
 
   `history` is the whole episode so far as (observation, action) pairs; only the last `history_length`
   are shown (with their absolute step numbers), each past observation clipped to `history_obs_chars`
   characters (0 = no limit); with none shown the first-step template is used. `admissible_actions` are joined
   as config.templates.action_list says (else as `list_format`, the env's own); `tags` are the answer tags the turn line asks for (as `parse_action` reads them);
+  `turn` replaces the tag turn line (an env answering in another form);
   `extra` fills the env's own placeholders (templates.ENV_FIELDS).
   """
   if history_length < 0:
@@ -143,7 +144,7 @@ def render_step_prompt(env: str, *, task_description: str, history: Sequence[tup
   fields = dict(task_description=task_text(task_description), step_count=len(history), history_length=len(window),
                 action_history="\n".join(past), current_step=len(history) + 1,
                 current_observation=observation.strip(), admissible_actions=actions, available_actions=actions,
-                turn_line=turn_line(require_think, tags), skill=skill, **extra)
+                turn_line=turn or turn_line(require_think, tags), skill=skill, **extra)
   return templates.get("step_later" if window else "step_first", env).render(fields)
 
 
@@ -160,9 +161,9 @@ def parse_env_action(response: str, cfg) -> ParsedAction:
 
 def render_env_prompt(env: str, task_description: str, history: Sequence[tuple[str, str]], observation: str,
                       admissible_actions: Sequence[str], cfg, tags: Sequence[str] = ACTION_TAGS,
-                      list_format: str = "comma", **extra: str) -> str:
+                      list_format: str = "comma", turn: str = "", **extra: str) -> str:
   """`render_step_prompt` with the env config's history window, think rule and history clipping."""
   return render_step_prompt(env, task_description=task_description, history=history, observation=observation,
                             admissible_actions=admissible_actions, history_length=cfg.history_length,
                             require_think=cfg.require_think, history_obs_chars=cfg.history_obs_chars, tags=tags,
-                            list_format=list_format, **extra)
+                            list_format=list_format, turn=turn, **extra)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from configs import ezpoints as ezpoints_config
+from seed_jax import warmstart
 from seed_jax.envs import base, ezpoints, ezpoints_image
 
 
@@ -151,6 +152,27 @@ def test_parse_action_and_prompt():
     ezpoints.FAMILY.make_env(cfg)
   cfg.observation = "text"
   assert ezpoints.FAMILY.make_env(cfg).reset(_task(["HQ", "S2"])).info == {}
+
+
+def test_json_answers_are_read_as_gym_cards_reads_them():
+  env, cfg = _env(answer_format="json")
+  parse = lambda r: ezpoints.FAMILY.parse_action(r, cfg)
+  assert parse('{"thoughts": "Q is 10, 10+2=12", "action": "10"}') == base.ParsedAction("10", True)  # 10, not 1
+  assert parse('{"cards": [10, 2], "formula": "10+", "action": "2"}') == base.ParsedAction("2", True)
+  assert parse('{"action": "*"}') == base.ParsedAction("*", True)  # no think tags asked for
+  assert parse('{"action": "+", "note": "then 2"}').reason == "ambiguous"  # the key's tail names + and 2
+  assert parse('{"action": "-"}').reason == "no_action_tags"  # not in the vocabulary
+  assert parse("I would play 3") == base.ParsedAction("3", True)  # no key: its last character (the reference's -1)
+  assert parse("I would play 3.").reason == "no_action_tags"
+  assert ezpoints.FAMILY.parse_action('{"action": "3"}', _env()[1]).reason == "no_action_tags"  # "tags" default
+  obs = env.reset(_task(["HQ", "S2"]))
+  prompt = ezpoints.FAMILY.render_prompt(obs.task_description, [], obs, cfg)
+  assert prompt.splitlines()[-1] == ezpoints.JSON_TURN_LINE and "<action>" not in prompt
+  assert env.step(parse('{"action": "10"}').action).observation.text.splitlines()[-1] == "Formula: 10"
+  with pytest.raises(ValueError, match="answer_format"):
+    _env(answer_format="xml")
+  for tok, reasoning in itertools.product(ezpoints.VOCAB, (True, False)):  # the warm start's gold replies parse
+    assert parse(warmstart.demo_response(tok, reasoning, "json")) == base.ParsedAction(tok, True)
 
 
 def test_task_panels():
