@@ -94,6 +94,10 @@ def get_base() -> ml_collections.ConfigDict:
   # How {admissible_actions} joins the env's actions: "comma", "lines", "quoted_lines" ('a' newline-space 'b', as
   # verl-agent's ALFWorld prompt), "quoted_commas" ('a', newline 'b',  as its WebShop prompt); "" = the env's own.
   t.action_list = ""
+  t.analysis_first_step = 1  # the analysis prompt numbers an episode's steps from here (verl-agent-style: 0)
+  t.analysis_separator = "\n\n"  # between the analysis prompt's header, blocks and footer; "" = the files own them
+  t.empty_task = ""  # the analysis header's {task_description} when an episode has no task text
+  t.strip_teacher = False  # H(h, s) with its leading and trailing whitespace stripped (the reference strips it)
   t.json_retry = ""  # the external analyzer's follow-up turn when a reply does not parse (external.json_retry)
 
   o = c.objectives = ml_collections.ConfigDict()  # seed_jax.advantages (host) and seed_jax.losses (device)

@@ -43,6 +43,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "warmstart.analyzer_source": ("hindsight", "oracle"),
     "templates.skill_placement": templates.PLACEMENTS,
     "templates.action_list": ("", *templates.ACTION_LISTS),
+    "templates.analysis_first_step": (0, 1),
     "mesh.ref_params_memory": ("device", "pinned_host"),
 }
 MESH_AXES = ("data", "fsdp", "tensor")  # the order of mesh.shape and mesh.dcn_shape (seed_jax.infra.mesh)

@@ -30,24 +30,25 @@ def is_success(traj: Trajectory, threshold: float = 1.0) -> bool:
 
 
 def analysis_parts(traj: Trajectory, success_threshold: float = 1.0) -> tuple[str, list[str], str]:
-  """(header, one block per step, footer), each from its template and set off by a blank line. The header holds
-  the instruction, schema, task and outcome; the footer repeats the answer format, so left truncation only ever
-  removes step blocks."""
+  """(header, one block per step, footer), each from its template; `_join` sets them off by
+  config.templates.analysis_separator. The header holds the instruction, schema, task and outcome; the footer
+  repeats the answer format, so left truncation only ever removes step blocks."""
+  opts = templates.active()
   success = is_success(traj, success_threshold)
   header = templates.get("analysis_success" if success else "analysis_failure").render(dict(
-      task_description=traj.task_description, outcome="success" if success else "failure",
+      task_description=traj.task_description or opts.empty_task, outcome="success" if success else "failure",
       success="true" if success else "false", episode_return=traj.episode_return, step_count=traj.length,
       termination=traj.termination))
   step = templates.get("analysis_step")
-  blocks = ["\n" + step.render(dict(step=k, observation=s.observation, response=s.response_text, action=s.action,
-                                    action_valid="true" if s.action_valid else "false")) + "\n"
-            for k, s in enumerate(traj.steps, 1)]
-  return header + "\n", blocks, "\n" + templates.get("analysis_footer").render({})
+  blocks = [step.render(dict(step=k, observation=s.observation, response=s.response_text, action=s.action,
+                             action_valid="true" if s.action_valid else "false"))
+            for k, s in enumerate(traj.steps, opts.analysis_first_step)]
+  return header, blocks, templates.get("analysis_footer").render({})
 
 
 def _join(header: str, blocks: Sequence[str], omitted: int, footer: str) -> str:
-  gap = "\n" + templates.get("analysis_omitted").render({"omitted": omitted}) + "\n" if omitted else ""
-  return header + gap + "".join(blocks) + footer
+  gap = [templates.get("analysis_omitted").render({"omitted": omitted})] if omitted else []
+  return templates.active().analysis_separator.join([header, *gap, *blocks, footer])
 
 
 def analysis_prompt(traj: Trajectory, success_threshold: float = 1.0) -> str:
@@ -259,6 +260,11 @@ def augment_prompt(prompt_text: str, skill: str | None, skill_at: int | None = N
   (rollout.fit_prompt records it)."""
   if not skill or not skill.strip():
     return prompt_text
+  augmented = _augment(prompt_text, skill, skill_at)
+  return augmented.strip() if templates.active().strip_teacher else augmented
+
+
+def _augment(prompt_text: str, skill: str, skill_at: int | None) -> str:
   block = templates.get("skill_block").render({"skill": skill.strip()}) + "\n"
   placement = templates.skill_placement()
   if placement == "placeholder":

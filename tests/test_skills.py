@@ -201,15 +201,15 @@ def test_fitted_drops_oldest_steps_and_keeps_schema():
 
   assert skills.analysis_prompt_fitted(traj, count, 10**6) == skills.analysis_prompt(traj)
 
-  keep3 = header + "\n[7 earlier steps omitted]\n" + "".join(blocks[7:]) + footer
+  keep3 = "\n\n".join([header, "[7 earlier steps omitted]", *blocks[7:], footer])
   calls.clear()
   assert skills.analysis_prompt_fitted(traj, count, len(keep3)) == keep3
   assert len(calls) <= 1 + math.ceil(math.log2(10))
-  keep2 = header + "\n[8 earlier steps omitted]\n" + "".join(blocks[8:]) + footer
+  keep2 = "\n\n".join([header, "[8 earlier steps omitted]", *blocks[8:], footer])
   assert skills.analysis_prompt_fitted(traj, count, len(keep3) - 1) == keep2
 
   tiny = skills.analysis_prompt_fitted(traj, count, 5)
-  assert tiny == header + "\n[10 earlier steps omitted]\n" + footer
+  assert tiny == "\n\n".join([header, "[10 earlier steps omitted]", footer])
   assert "Step" not in tiny.split("# Episode")[1].split("# Answer")[0].replace("steps", "")
   assert '"episode_skill": "<the rule>"' in tiny and "Reply with the JSON object" in tiny
 

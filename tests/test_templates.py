@@ -158,7 +158,7 @@ def _files(tmp_path, **texts) -> dict:
   returns config.templates naming them."""
   tcfg = alfworld_config.get_config().templates
   for kind, text in texts.items():
-    if kind in ("skill_placement", "action_list"):
+    if kind not in templates.KINDS:  # a rendering option
       tcfg[kind] = text
       continue
     path = tmp_path / f"{kind}-{next(_FILE_NUMBERS)}.txt"
@@ -264,6 +264,35 @@ def test_analysis_json_retry_and_skill_block_templates(tmp_path):
   assert analyzers.json_retry_message() == "Only the JSON with episode_summary and episode_skill."
   assert skills.augment_prompt("Your task: x\nNow it is your turn.", " Go. ") == (
       "Your task: x\nHint: Go. (end)\nNow it is your turn.")
+
+
+def test_analysis_numbering_separators_empty_task_and_a_stripped_teacher(tmp_path):
+  """verl-agent-style options: steps from 0, separators written in the files ("" joins the parts as they are),
+  a fallback for an empty task, and H(h, s) stripped at both ends."""
+  header = "Task: {task_description}\nOutcome: {outcome}. Reply with episode_summary and episode_skill.\n"
+  tcfg = _files(tmp_path, analysis_success=header, analysis_failure=header,
+                analysis_step="[Step {step}] {observation} -> {response}\n", analysis_omitted="...\n",
+                analysis_footer="Answer now.", skill_block="\n{skill}\n", skill_placement="placeholder",
+                step_first="{skill}{current_observation}\n", step_later="{skill}{action_history}",
+                analysis_first_step=0, analysis_separator="", empty_task="not available", strip_teacher=True)
+  config_lib.validate(_with(tcfg))
+  templates.use(tcfg)
+  traj = toy_trajectory(3, 0.0)
+  traj.task_description = ""
+  assert skills.analysis_prompt(traj) == (
+      "Task: not available\nOutcome: failure. Reply with episode_summary and episode_skill.\n"
+      + "".join(f"[Step {k - 1}] obs {k} -> <think>t{k}</think><action>act {k}</action>\n" for k in (1, 2, 3))
+      + "Answer now.")
+  traj.task_description = "boil water"
+  assert skills.analysis_prompt_fitted(traj, len, 100).startswith("Task: boil water\n")
+  assert skills.augment_prompt("You see a pot.\n", "Heat it.", 0) == "Heat it.\n\nYou see a pot."
+  tcfg.strip_teacher, tcfg.analysis_first_step = False, 1
+  templates.use(tcfg)
+  assert skills.augment_prompt("You see a pot.\n", "Heat it.", 0) == "\nHeat it.\n\nYou see a pot.\n"
+  assert "[Step 1] obs 1 ->" in skills.analysis_prompt(traj)
+  tcfg.analysis_first_step = 2
+  with pytest.raises(ValueError, match="analysis_first_step"):
+    config_lib.validate(_with(tcfg))
 
 
 def test_skill_placements(tmp_path):

@@ -118,11 +118,15 @@ class Selection:
   paths: Mapping[str, str]  # kind -> file; "" = the default
   skill_placement: str = "after_task"
   action_list: str = ""  # a key of ACTION_LISTS; "" = the env's own
+  analysis_first_step: int = 1  # the number of an episode's first step in the analysis prompt
+  analysis_separator: str = "\n\n"  # between the analysis prompt's parts; "" = the template files own them
+  empty_task: str = ""  # the analysis header's {task_description} when the task is empty
+  strip_teacher: bool = False  # H(h, s) without leading and trailing whitespace
 
   @classmethod
   def from_config(cls, tcfg: Mapping[str, Any]) -> Selection:
-    return cls({k: tcfg.get(k, "") for k in KINDS}, tcfg.get("skill_placement", "after_task"),
-               tcfg.get("action_list", ""))
+    options = {f.name: tcfg[f.name] for f in dataclasses.fields(cls)[1:] if f.name in tcfg}
+    return cls({k: tcfg.get(k, "") for k in KINDS}, **options)
 
   def path(self, kind: str, env: str = "") -> str:
     if self.paths[kind]:
@@ -146,6 +150,11 @@ def get(kind: str, env: str = "") -> Template:
 
 def skill_placement() -> str:
   return _active.skill_placement
+
+
+def active() -> Selection:
+  """This process's selection: its rendering options (the analysis prompt's numbering and separators, ...)."""
+  return _active
 
 
 def join_actions(actions: Sequence[str], env_default: str = "comma") -> str:
@@ -188,8 +197,7 @@ def fingerprint(tcfg: Mapping[str, Any]) -> dict[str, str]:
   """Hashes of the replaced templates' texts and a changed placement ({} for the defaults)."""
   sel = Selection.from_config(tcfg)
   out = {k: hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest()[:12] for k, p in sel.paths.items() if p}
-  if sel.skill_placement != DEFAULT.skill_placement:
-    out["skill_placement"] = sel.skill_placement
-  if sel.action_list:
-    out["action_list"] = sel.action_list
+  for f in dataclasses.fields(Selection)[1:]:  # changed options, by value
+    if getattr(sel, f.name) != getattr(DEFAULT, f.name):
+      out[f.name] = getattr(sel, f.name)
   return out
