@@ -94,6 +94,9 @@ def get_base() -> ml_collections.ConfigDict:
   # How {admissible_actions} joins the env's actions: "comma", "lines", "quoted_lines" ('a' newline-space 'b', as
   # verl-agent's ALFWorld prompt), "quoted_commas" ('a', newline 'b',  as its WebShop prompt); "" = the env's own.
   t.action_list = ""
+  # {action_history} pairs each action with the observation it answered ("before") or with its "result" (the one
+  # that followed it, as verl-agent's Search prompt shows its searches and what they returned)
+  t.history_pairs = "before"
   t.analysis_first_step = 1  # the analysis prompt numbers an episode's steps from here (verl-agent-style: 0)
   t.analysis_separator = "\n\n"  # between the analysis prompt's header, blocks and footer; "" = the files own them
   t.empty_task = ""  # the analysis header's {task_description} when an episode has no task text

@@ -44,6 +44,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "templates.skill_placement": templates.PLACEMENTS,
     "templates.action_list": ("", *templates.ACTION_LISTS),
     "templates.analysis_first_step": (0, 1),
+    "templates.history_pairs": ("before", "result"),
     "mesh.ref_params_memory": ("device", "pinned_host"),
 }
 MESH_AXES = ("data", "fsdp", "tensor")  # the order of mesh.shape and mesh.dcn_shape (seed_jax.infra.mesh)

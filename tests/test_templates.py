@@ -266,6 +266,21 @@ def test_analysis_json_retry_and_skill_block_templates(tmp_path):
       "Your task: x\nHint: Go. (end)\nNow it is your turn.")
 
 
+def test_history_pairs_each_action_with_its_result(tmp_path):
+  tcfg = _files(tmp_path, step_later="{action_history}\nNow: {current_observation}",
+                step_history="{step}: {action} -> {observation}", history_pairs="result")
+  config_lib.validate(_with(tcfg))
+  templates.use(tcfg)
+  history = [("question", "<search>a</search>"), ("doc a", "<search>b</search>")]
+  render = lambda n: prompting.render_step_prompt("search", task_description="t", history=history, observation="doc b",
+                                                  history_length=n, require_think=False)
+  assert render(2) == "1: <search>a</search> -> doc a\n2: <search>b</search> -> doc b\nNow: doc b"
+  assert render(1) == "2: <search>b</search> -> doc b\nNow: doc b"
+  tcfg.history_pairs = "before"
+  templates.use(tcfg)
+  assert render(2) == "1: <search>a</search> -> question\n2: <search>b</search> -> doc a\nNow: doc b"
+
+
 def test_analysis_numbering_separators_empty_task_and_a_stripped_teacher(tmp_path):
   """verl-agent-style options: steps from 0, separators written in the files ("" joins the parts as they are),
   a fallback for an empty task, and H(h, s) stripped at both ends."""

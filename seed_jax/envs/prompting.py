@@ -124,7 +124,8 @@ def render_step_prompt(env: str, *, task_description: str, history: Sequence[tup
                        turn: str = "", **extra: str) -> str:
   """The user message for one step: `env`'s step template (templates.KINDS lists its placeholders).
 
-  `history` is the whole episode so far as (observation, action) pairs; only the last `history_length`
+  `history` is the whole episode so far as (observation, action) pairs (shown so, or with each action's result
+  as config.templates.history_pairs says); only the last `history_length`
   are shown (with their absolute step numbers), each past observation clipped to `history_obs_chars`
   characters (0 = no limit); with none shown the first-step template is used. `admissible_actions` are joined
   as config.templates.action_list says (else as `list_format`, the env's own); `tags` are the answer tags the turn line asks for (as `parse_action` reads them);
@@ -133,6 +134,8 @@ def render_step_prompt(env: str, *, task_description: str, history: Sequence[tup
   """
   if history_length < 0:
     raise ValueError(f"history_length must be >= 0, got {history_length}")
+  if templates.active().history_pairs == "result":  # each action with the observation that followed it
+    history = [(after, act) for (_, act), after in zip(history, [o for o, _ in history[1:]] + [observation])]
   window = list(history)[max(0, len(history) - history_length):] if history_length else []
   first = len(history) - len(window) + 1
   pair = templates.get("step_history")

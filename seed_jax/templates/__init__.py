@@ -118,6 +118,7 @@ class Selection:
   paths: Mapping[str, str]  # kind -> file; "" = the default
   skill_placement: str = "after_task"
   action_list: str = ""  # a key of ACTION_LISTS; "" = the env's own
+  history_pairs: str = "before"  # {action_history}'s {observation}: the one an action answered, or its "result"
   analysis_first_step: int = 1  # the number of an episode's first step in the analysis prompt
   analysis_separator: str = "\n\n"  # between the analysis prompt's parts; "" = the template files own them
   empty_task: str = ""  # the analysis header's {task_description} when the task is empty
