@@ -33,6 +33,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.model.attention_block = 512  # query/key tile of "xla_blockwise" and "splash"
   c.model.attention_interpret = False  # "splash" off a TPU: run the kernel in Pallas' interpreter (slow; tests)
   c.model.max_prompt_tokens = 1024  # step prompts are fitted to this by dropping the oldest history pairs
+  # A VL policy's frames are first scaled into (min, max) pixels, as verl's process_image does before the
+  # processor (the reference: (256 * 256, 2048 * 2048), so a 96x96 frame is 81 vision tokens, not 9); 0 = no bound.
+  c.model.frame_pixels = (0, 0)
 
   c.env = ml_collections.ConfigDict()  # filled by the environment config (configs/<env>.py)
 

@@ -13,6 +13,7 @@ def apply(c, paper: bool) -> None:
   if paper:
     c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-VL-3B-Instruct (or its SFT checkpoint)
     c.model.max_prompt_tokens = 1024  # step prompts (the frame's vision tokens included)
+    c.model.frame_pixels = (256 * 256, 2048 * 2048)  # the reference's frame bounds before the processor
     c.analyzer.max_new_tokens = 2048  # the analysis reply
     c.sft.lr = 2e-6  # Stage 1 SFT of the vision model (text models: 5e-6)
   else:

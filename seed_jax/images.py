@@ -51,8 +51,9 @@ class ImageCodec:
     self._cache: dict[tuple, Image] = {}
 
   @classmethod
-  def from_folder(cls, path: str) -> "ImageCodec":
-    """From a Qwen2.5-VL checkpoint folder: config.json and, where present, preprocessor_config.json."""
+  def from_folder(cls, path: str, frame_pixels: tuple[int, int] = (0, 0)) -> "ImageCodec":
+    """From a Qwen2.5-VL checkpoint folder: config.json and, where present, preprocessor_config.json;
+    `frame_pixels` (min, max) bounds each frame before the processor (image_processing.bound_frame; 0 = none)."""
     with open(os.path.join(path, "config.json")) as f:
       vls = vlm.VLSpec.from_hf_config(json.load(f))
     proc = os.path.join(path, "preprocessor_config.json")
@@ -60,7 +61,7 @@ class ImageCodec:
     if os.path.exists(proc):
       with open(proc) as f:
         cfg = image_processing.ImageProcessorConfig.from_hf_config(json.load(f))
-    return cls(vls, cfg)
+    return cls(vls, dataclasses.replace(cfg, frame_min_pixels=frame_pixels[0], frame_max_pixels=frame_pixels[1]))
 
   def image(self, frame: np.ndarray) -> Image:
     """The Image of a uint8 [H, W, 3] frame (resized into the pixel bounds; deterministic, so a frame

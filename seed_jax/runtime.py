@@ -113,7 +113,8 @@ def _player_parts(cfg: ml_collections.ConfigDict, learner: bool) -> dict[str, An
   spec = spec.with_attention(cfg.model)
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   if spec.vision is not None:  # the checkpoint's processor bounds and vision tokens
-    tok = images.VLTokenizer(tok, images.ImageCodec.from_folder(load.resolve_path(cfg.model.path)))
+    codec = images.ImageCodec.from_folder(load.resolve_path(cfg.model.path), tuple(cfg.model.frame_pixels))
+    tok = images.VLTokenizer(tok, codec)
   family = get_family(cfg.env.name)
   max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(

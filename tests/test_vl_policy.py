@@ -11,7 +11,7 @@ from configs import ezpoints, sokoban
 from seed_jax import batch as batch_lib
 from seed_jax import images, loop, packing, pipeline, runtime
 from seed_jax.envs import ezpoints_image
-from seed_jax.models import load, logprobs, tiny_vl
+from seed_jax.models import image_processing, load, logprobs, tiny_vl
 
 SKILL = "Push the box toward the target; never push it into a corner."
 
@@ -41,6 +41,10 @@ def test_vision_tokens_take_the_placeholder(codec):
   assert codec.patches(frame)[1] == (1, 6, 6) and n == 9  # 84 x 84 after resizing: 3 x 3 merged units
   assert ids[start + 1:start + 1 + n] == [vls.image_token_id] * n and ids[start + 1 + n] == vls.vision_end_token_id
   assert ids.count(vls.image_token_id) == n
+  # Qwen2.5-VL-3B's processor bounds (the tiny checkpoint caps a frame at 16 units) and :paper,vl's frame bounds
+  lo, hi = sokoban.get_config("paper,vl").model.frame_pixels
+  paper = images.ImageCodec(vls, image_processing.ImageProcessorConfig(frame_min_pixels=lo, frame_max_pixels=hi))
+  assert paper.num_tokens(frame) == 81  # 96 x 96 -> 256 x 256 -> 252 x 252: 9 x 9 merged units, as the reference
   with pytest.raises(ValueError, match="exactly one <image>"):
     tok.encode_chat("no placeholder here", image=frame)
   with pytest.raises(ValueError, match="env.observation"):

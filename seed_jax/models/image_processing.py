@@ -1,6 +1,7 @@
 """Qwen2-VL / Qwen2.5-VL image preprocessing in numpy: the vision tower's flat patches and grid of an RGB frame.
 
-Steps (as transformers' Qwen2VLImageProcessorPil): `smart_resize` picks a size with both sides multiples of
+Steps (as transformers' Qwen2VLImageProcessorPil), after an optional `bound_frame` (verl's process_image, which
+the reference runs before the processor: a 96x96 Sokoban frame becomes 256x256): `smart_resize` picks a size with both sides multiples of
 patch_size * merge_size (28) and the pixel count within [min_pixels, max_pixels], keeping the aspect ratio;
 the frame is resized there with Pillow's bicubic filter (`resize_bicubic` reproduces its fixed-point uint8
 arithmetic exactly), rescaled to [0, 1], normalized with the CLIP mean/std and cut into patches
@@ -24,6 +25,8 @@ _PRECISION_BITS = 22  # Pillow's 8-bit resampling: 32 - 8 - 2 bits of fixed-poin
 class ImageProcessorConfig:
   min_pixels: int = 56 * 56
   max_pixels: int = 28 * 28 * 1280
+  frame_min_pixels: int = 0  # bound_frame's bounds before the processor (0 = no such step)
+  frame_max_pixels: int = 0
   patch_size: int = 14
   temporal_patch_size: int = 2
   merge_size: int = 2
@@ -115,6 +118,17 @@ def resize_bicubic(image_HWC: np.ndarray, height: int, width: int) -> np.ndarray
   return out
 
 
+def bound_frame(image_HWC: np.ndarray, min_pixels: int, max_pixels: int) -> np.ndarray:
+  """verl's process_image: a frame of more than `max_pixels` is scaled down, then one of fewer than `min_pixels`
+  up, by sqrt of the area ratio, each side truncated to an integer, with Pillow's bicubic filter (0 = no bound)."""
+  for bound, resize in ((max_pixels, lambda a: a > max_pixels), (min_pixels, lambda a: a < min_pixels)):
+    h, w = image_HWC.shape[:2]
+    if bound and resize(h * w):
+      f = math.sqrt(bound / (h * w))
+      image_HWC = resize_bicubic(image_HWC, int(h * f), int(w * f))
+  return image_HWC
+
+
 def patchify(image_CHW: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
   """float32 [gh * gw, C * temporal * p * p] patches in merge-block order, and the grid (1, gh, gw)."""
   C, H, W = image_CHW.shape
@@ -130,6 +144,7 @@ def preprocess(image_HWC: np.ndarray, cfg: ImageProcessorConfig = ImageProcessor
   """One uint8 RGB frame [H, W, 3] -> (patches [N, 3 * temporal * p * p] float32, grid (1, gh, gw))."""
   if image_HWC.dtype != np.uint8 or image_HWC.ndim != 3 or image_HWC.shape[2] != 3:
     raise ValueError(f"expected a uint8 [H, W, 3] RGB frame, got {image_HWC.dtype} {image_HWC.shape}")
+  image_HWC = bound_frame(image_HWC, cfg.frame_min_pixels, cfg.frame_max_pixels)
   factor = cfg.patch_size * cfg.merge_size
   h, w = smart_resize(image_HWC.shape[0], image_HWC.shape[1], factor, cfg.min_pixels, cfg.max_pixels)
   resized = resize_bicubic(image_HWC, h, w)

@@ -57,3 +57,33 @@ def test_matches_transformers_qwen2vl_processor_on_env_frames(max_pixels):
   np.testing.assert_array_equal(np.asarray(grids), ref["image_grid_thw"])
   np.testing.assert_array_equal(patches, ref["pixel_values"])  # exact: same uint8 resize, same float32 ops
   assert len(set(grids)) >= 2  # frames of several sizes
+
+
+def _process_image(image, max_pixels=2048 * 2048, min_pixels=256 * 256):
+  """verl's process_image, written out with Pillow: what the reference does to a frame before its processor."""
+  import math
+  if image.width * image.height > max_pixels:
+    f = math.sqrt(max_pixels / (image.width * image.height))
+    image = image.resize((int(image.width * f), int(image.height * f)))
+  if image.width * image.height < min_pixels:
+    f = math.sqrt(min_pixels / (image.width * image.height))
+    image = image.resize((int(image.width * f), int(image.height * f)))
+  return image
+
+
+@pytest.mark.parametrize("shape", [(96, 96), (70, 130), (2500, 2000)])
+def test_frames_bounded_as_the_reference_bounds_them(shape):
+  from PIL import Image
+  image = np.random.default_rng(shape[0]).integers(0, 256, shape + (3,)).astype(np.uint8)
+  ref = np.asarray(_process_image(Image.fromarray(image)))
+  np.testing.assert_array_equal(ip.bound_frame(image, 256 * 256, 2048 * 2048), ref)
+  assert ip.bound_frame(image, 0, 0) is image
+
+
+def test_a_96_pixel_sokoban_frame_is_81_vision_tokens_with_the_reference_bounds():
+  frame = sokoban.render_image(*sokoban_levels.generate_level(3), tile_px=16)
+  assert frame.shape == (96, 96, 3)
+  merged = lambda cfg: (lambda g: g[1] * g[2] // cfg.merge_size ** 2)(ip.preprocess(frame, cfg)[1])
+  assert merged(ip.ImageProcessorConfig()) == 9  # 84 x 84: 3 x 3 merged units
+  bounded = ip.ImageProcessorConfig(frame_min_pixels=256 * 256, frame_max_pixels=2048 * 2048)
+  assert merged(bounded) == 81  # 256 x 256 -> 252 x 252: 9 x 9
