@@ -21,6 +21,7 @@ def paper(c, _=True) -> None:
   c.learner.minibatch_size = 64
   c.model.max_prompt_tokens = 1024
   c.env.search_depth = 30
+  c.env.player_walk = 3  # the reference's random player move after generation
   c.analyzer.external.json_retry = True
 
 
@@ -36,6 +37,7 @@ def env_config() -> ml_collections.ConfigDict:
   c.search_depth = 15  # reverse-play moves explored when generating; bounds the solution length
   c.walk_steps = 20  # random-walk steps carving the floor (gym-sokoban: 1.7 x (rows + columns))
   c.p_change_directions = 0.35  # chance per walk step of turning
+  c.player_walk = 0  # after generation the player walks up to this many random steps away (the reference: 3)
   c.step_penalty = -0.1  # gym-sokoban penalty_for_step
   c.box_on_target_reward = 1.0  # gym-sokoban reward_box_on_target
   c.box_off_target_penalty = -1.0  # gym-sokoban penalty_box_off_target

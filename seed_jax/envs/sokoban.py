@@ -130,7 +130,7 @@ class SokobanEnv:
     else:
       self._board, self._state = generate_level(int(spec["seed"]), tuple(spec["dim_room"]), int(spec["num_boxes"]),
                                                 int(spec["search_depth"]), int(spec["walk_steps"]),
-                                                float(spec["p_change_directions"]))
+                                                float(spec["p_change_directions"]), int(spec.get("player_walk", 0)))
     self._start, self._steps, self._done = self._state, 0, False
     n = len(self._board.targets)
     self._task_description = f"push the {'box' if n == 1 else f'{n} boxes'} onto the target{'s' * (n > 1)}."
@@ -204,7 +204,8 @@ def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:
   family = f"{dim[0]}x{dim[1]}-{cfg.num_boxes}box"
   return [base.Task(f"sokoban-{split}-{offset + i}", split, NAME,
                     {"seed": offset + i, "dim_room": dim, "num_boxes": cfg.num_boxes, "search_depth": cfg.search_depth,
-                     "walk_steps": cfg.walk_steps, "p_change_directions": cfg.p_change_directions}, family)
+                     "walk_steps": cfg.walk_steps, "p_change_directions": cfg.p_change_directions,
+                     "player_walk": cfg.player_walk}, family)
           for i in range(n)]
 
 

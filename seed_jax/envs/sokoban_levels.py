@@ -4,7 +4,10 @@ Levels are generated reproducibly from a seed as in gym-sokoban's `generate_room
 floor, the boxes start on their targets, and play runs backwards (the player walks and pulls boxes); the
 reachable reverse state that displaces the boxes most becomes the level, so every level is solvable. Here the
 reverse search is breadth-first and limited to `search_depth` moves, so each level is also solvable in at
-most `search_depth` pushes-and-walks.
+most `search_depth` pushes-and-walks. With `player_walk` > 0 the player then walks away at random, as the
+reference's generator does (otherwise it always starts beside a box): with probability 1/2 it takes up to
+`player_walk` steps onto free, unvisited cells, going on after each with probability 1/2 (the solution grows by
+at most those steps, since they can be walked back).
 """
 from __future__ import annotations
 
@@ -142,8 +145,25 @@ def _reverse_play(board: Board, player: Pos, depth: int) -> State | None:
   return best
 
 
+def _walk_player(rng: random.Random, board: Board, state: State, max_steps: int) -> State:
+  """The reference's random player move after reverse play (see the module docstring)."""
+  if not max_steps or rng.random() > 0.5:
+    return state
+  p, visited = state.player, {state.player}
+  for taken in range(1, max_steps + 1):
+    free = [q for q in (_add(p, d) for d in _DELTA.values())
+            if not board.blocked(q) and q not in state.boxes and q not in visited]
+    if not free:
+      break
+    p = rng.choice(free)
+    visited.add(p)
+    if taken >= max_steps or rng.random() > 0.5:
+      break
+  return State(p, state.boxes)
+
+
 def generate_level(seed: int, dim: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 15,
-                   walk_steps: int = 20, p_change_directions: float = 0.35,
+                   walk_steps: int = 20, p_change_directions: float = 0.35, player_walk: int = 0,
                    max_tries: int = 200) -> tuple[Board, State]:
   """A solvable level, identical for identical arguments on every platform."""
   if dim[0] < 3 or dim[1] < 3 or num_boxes < 1 or search_depth < 1:
@@ -160,6 +180,6 @@ def generate_level(seed: int, dim: tuple[int, int] = (6, 6), num_boxes: int = 1,
     board = Board(dim, frozenset(walls_all - set(floor)), frozenset(targets))
     state = _reverse_play(board, player, search_depth)
     if state is not None:
-      return board, state
+      return board, _walk_player(rng, board, state, player_walk)
   raise RuntimeError(f"sokoban: no level with a displaced box after {max_tries} tries (seed={seed}, dim={dim}, "
                      f"num_boxes={num_boxes}, search_depth={search_depth})")
