@@ -34,6 +34,7 @@ def paper(c, _=True) -> None:
   c.learner.minibatch_size = 512
   c.learner.schedule, c.learner.warmup_frac = "warmup_constant", 0.1
   c.env.success_reward = 1.0  # exact match in {0, 1}: the 0.01 invalid penalty is the reference's relative size
+  c.sft.max_len = 12288  # the reference's Stage-1 SFT length for Search
 
 
 VARIANTS = {variants.PAPER: paper, **variants.STAGES}

@@ -16,6 +16,10 @@ def apply(c, paper: bool) -> None:
     c.model.frame_pixels = (256 * 256, 2048 * 2048)  # the reference's frame bounds before the processor
     c.analyzer.max_new_tokens = 2048  # the analysis reply
     c.sft.lr = 2e-6  # Stage 1 SFT of the vision model (text models: 5e-6)
+    c.sft.max_len = 4096  # the reference's VL Stage-1 values: 4k-token SFT records, collection at temperature 1.0
+    c.collect.temperature = 1.0
+    if c.env.name == "sokoban":
+      c.annotate.max_prompt_tokens = 24576  # its Sokoban analysis context
   else:
     c.model.path = "embedded-vl"
     c.analyzer.max_new_tokens = 48  # a random model's reply never parses: keep the analysis pass short

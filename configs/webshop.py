@@ -33,6 +33,7 @@ def paper(c, _=True) -> None:
   c.templates.action_list = "quoted_commas"  # the reference's action list
   c.env.type_tagger = "spacy:" + SPACY_MODEL  # the reference's spaCy noun tagger in the type reward
   c.analyzer.external.json_retry = True
+  c.sft.max_len = 12288  # the reference's Stage-1 SFT length for WebShop
 
 
 VARIANTS = {variants.PAPER: paper, **variants.STAGES}

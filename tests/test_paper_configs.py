@@ -70,3 +70,26 @@ def test_paper_vl_values(env, tmp_path):
   assert (c.learner.lr, c.learner.teacher, c.objectives.opd_coef, c.objectives.kl_coef) == (1e-6, "old", 0.01, 0.01)
   c.model.path = str(tmp_path)
   validate(c)
+
+
+# env -> Stage-1 SFT record length, collection temperature, annotation context (text; then ",vl")
+STAGE1 = {"alfworld": (8192, 0.4, 7168), "webshop": (12288, 0.4, 7168), "search": (12288, 0.4, 7168),
+          "sokoban,vl": (4096, 1.0, 24576), "ezpoints,vl": (4096, 1.0, 7168)}
+# env -> the reference's rendering and reading: action list, EZPoints' answer form, Sokoban's player walk
+FORMS = {"alfworld": ("quoted_lines", None, None), "webshop": ("quoted_commas", None, None),
+         "ezpoints": ("", "json", None), "sokoban": ("", None, 3), "search": ("", None, None)}
+
+
+@pytest.mark.parametrize("spec", sorted(STAGE1))
+def test_paper_stage1_values(spec):
+  env, _, vl = spec.partition(",")
+  c = importlib.import_module(f"configs.{env}").get_config("sft,paper" + ("," + vl if vl else ""))
+  assert (c.sft.max_len, c.collect.temperature, c.annotate.max_prompt_tokens) == STAGE1[spec]
+  assert tuple(c.model.frame_pixels) == ((256 * 256, 2048 * 2048) if vl else (0, 0))
+
+
+@pytest.mark.parametrize("env", sorted(FORMS))
+def test_paper_renders_and_reads_as_the_reference(env):
+  c = _paper(env)
+  assert (c.templates.action_list, c.env.get("answer_format"), c.env.get("player_walk")) == FORMS[env]
+  assert _paper(env).analyzer.max_skill_chars == 0
