@@ -191,8 +191,9 @@ def parse_action(response: str, cfg: ml_collections.ConfigDict) -> base.ParsedAc
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: ml_collections.ConfigDict) -> str:
-  current = "<image>" if cfg.observation == "image" else obs.text
-  return prompting.render_env_prompt(NAME, task_description, history, current, ACTIONS, cfg)
+  image = cfg.observation == "image"  # the reference's visual prompt has no text legend
+  return prompting.render_env_prompt(NAME, task_description, history, "<image>" if image else obs.text, ACTIONS, cfg,
+                                     legend="" if image else f"Symbols: {LEGEND}.")  # {legend}: the grid's key
 
 
 def task_panel(cfg: ml_collections.ConfigDict, split: str) -> list[base.Task]:

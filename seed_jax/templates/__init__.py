@@ -34,9 +34,10 @@ SUMMARY_FIELD = "episode_summary"
 _STEP = ("task_description", "step_count", "history_length", "action_history", "current_step", "current_observation",
          "admissible_actions", "available_actions", "turn_line", "skill")
 _HEADER = ("task_description", "outcome", "success", "episode_return", "step_count", "termination")
-ENV_FIELDS = {"sciworld": ("objects",)}  # step placeholders only one environment fills
-# A line holding only one of these is left out when its value is empty, so an empty list leaves no blank line.
-_LIST_LINES = {"{" + f + "}": f for f in ("admissible_actions", "available_actions", "action_history")}
+ENV_FIELDS = {"sciworld": ("objects",), "sokoban": ("legend",)}  # step placeholders only one environment fills
+# A line holding only one of these is left out when its value is empty, so an empty list (or Sokoban's legend of
+# the text grid, in an image prompt) leaves no blank line.
+_LIST_LINES = {"{" + f + "}": f for f in ("admissible_actions", "available_actions", "action_history", "legend")}
 # Sample values for the start-up render; fields not listed are strings.
 _SAMPLES = {"step_count": 1, "history_length": 1, "current_step": 2, "step": 1, "omitted": 1, "episode_return": 1.0}
 
@@ -74,7 +75,8 @@ class Template:
   fields: frozenset[str]
 
   def render(self, values: Mapping[str, Any]) -> str:
-    lines = [line for line in self.text.split("\n") if not (line in _LIST_LINES and values[_LIST_LINES[line]] == "")]
+    lines = [line for line in self.text.split("\n")
+             if not (line in _LIST_LINES and values.get(_LIST_LINES[line], "") == "")]
     return "\n".join(lines).format_map(values)
 
 
