@@ -22,6 +22,7 @@ def paper(c, _=True) -> None:
   c.model.max_prompt_tokens = 1024
   c.train.num_updates = 100
   c.env.answer_format = "json"  # the reference's policy answers {"action": ...}, read as gym-cards reads it
+  c.analyzer.external.json_retry = True  # the JSON-retry turn, as for WebShop and Sokoban
 
 
 VARIANTS = {variants.PAPER: paper, **variants.STAGES, **variants.VL}

@@ -28,9 +28,13 @@ from seed_jax.skills import Analysis, Analyzer, SkillParse, parse_skill
 log = logging.getLogger(__name__)
 
 
-def json_retry_message() -> str:
-  """The follow-up user turn (its template) sent when a reply does not parse."""
-  return templates.get("json_retry").render({})
+REPLY_TAIL_CHARS = 500  # of a failed reply, for a json_retry template's {reply_tail}
+
+
+def json_retry_message(error: str = "", reply: str = "") -> str:
+  """The follow-up user turn (its template) sent when a reply does not parse; a template may name the parse
+  error ({error}) and the failed reply's tail ({reply_tail}), as the reference's retry turn does."""
+  return templates.get("json_retry").render({"error": error, "reply_tail": reply[-REPLY_TAIL_CHARS:]})
 
 
 @dataclasses.dataclass
@@ -184,10 +188,11 @@ class ExternalAnalyzer:
   def _one(self, prompt: str) -> str:
     messages = [{"role": "user", "content": prompt}]
     reply = self._complete(messages)
-    if reply and self.cfg.json_retry and not parse_skill(reply).ok:
+    parsed = parse_skill(reply) if reply and self.cfg.json_retry else None
+    if parsed is not None and not parsed.ok:
       self._count(json_retries=1)
       retry = self._complete(messages + [{"role": "assistant", "content": reply},
-                                         {"role": "user", "content": json_retry_message()}])
+                                         {"role": "user", "content": json_retry_message(parsed.error, reply)}])
       reply = retry or reply
     return reply
 

@@ -9,7 +9,7 @@ import pytest
 from skills_helpers import toy_trajectory
 
 from configs import base
-from seed_jax import analyzers, skills
+from seed_jax import analyzers, skills, templates
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -183,3 +183,20 @@ def test_external_analyzer_connection_refused_and_missing_key(monkeypatch):
   analyzer = analyzers.ExternalAnalyzer(cfg.external)
   assert analyzer.analyze(["valid", "valid"]) == ["", ""]
   assert analyzer.stats.as_dict() == {"requests": 4, "retries": 2, "failures": 2, "json_retries": 0}
+
+
+def test_the_json_retry_turn_can_carry_the_parse_error_and_the_reply_tail(server, monkeypatch, tmp_path):
+  """A json_retry template naming {error} and {reply_tail} (the reference's retry turn carries both)."""
+  monkeypatch.setenv("SEED_TEST_ANALYZER_KEY", "k")
+  path = tmp_path / "retry.txt"
+  path.write_text('Your reply did not parse ({error}); it ended: "{reply_tail}". Reply with only '
+                  '{{"episode_summary": "...", "episode_skill": "..."}}.\n', encoding="utf-8")
+  templates.use({"json_retry": str(path)})
+  try:
+    assert analyzers.make_analyzer(_external_cfg(server.url)).analyze(["still_broken"]) == ["no json here"]
+  finally:
+    templates.use(None)
+  retry = [b["messages"] for b in server.bodies if len(b["messages"]) == 3]
+  assert retry == [[{"role": "user", "content": "still_broken"}, {"role": "assistant", "content": "no json here"},
+                    {"role": "user", "content": 'Your reply did not parse (no JSON object found); it ended: "no json '
+                     'here". Reply with only {"episode_summary": "...", "episode_skill": "..."}.'}]]

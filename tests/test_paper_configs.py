@@ -15,7 +15,7 @@ TABLE = {
     "sokoban": (32, 8, 15, 0, 64, 1024, 150),
     "ezpoints": (16, 8, 8, 0, 128, 1024, 100),
 }
-JSON_RETRY = {"webshop", "sokoban"}
+JSON_RETRY = {"webshop", "sokoban", "ezpoints"}
 
 
 def _paper(env):

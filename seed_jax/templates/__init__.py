@@ -60,7 +60,7 @@ KINDS = {
     "analysis_omitted": Kind(("omitted",)),
     "analysis_footer": Kind(()),
     "skill_block": Kind(("skill",), ("skill",)),
-    "json_retry": Kind(()),
+    "json_retry": Kind(("error", "reply_tail")),  # why the reply did not parse, its last REPLY_TAIL_CHARS
 }
 
 
