@@ -330,7 +330,7 @@ def paper_default(c) -> None:
   c.model.path = ""  # required: --config.model.path=/path/to/Qwen2.5-3B-Instruct (SFT checkpoint)
   c.model.max_prompt_tokens = 4096
   c.analyzer.max_prompt_tokens, c.analyzer.max_new_tokens = 16384, 4096
-  c.analyzer.external.json_retry = False  # the reference retries only for WebShop and Sokoban
+  c.analyzer.external.json_retry = False  # the reference retries for WebShop, Sokoban and EZPoints only (their configs turn it on)
   c.rollout.stop_strings = ()  # the reference samples every reply to EOS
   c.analyzer.max_skill_chars = 0  # the reference inserts the parsed skill whole (its length is bounded by the reply's)
   c.learner.minibatch_size = 256
