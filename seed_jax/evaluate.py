@@ -187,7 +187,7 @@ def load_params(rt: Player, cfg: ml_collections.ConfigDict) -> tuple[Any, int, s
 
 def _episode(t) -> dict[str, Any]:
   return dict(task_id=t.task.task_id, family=t.task.family or "all", success=bool(t.success),
-              ret=float(t.episode_return), length=t.length, termination=t.termination,
+              ret=float(t.episode_return), score=float(t.score), length=t.length, termination=t.termination,
               invalid=sum(not s.action_valid for s in t.steps), steps=len(t.steps))
 
 
@@ -196,7 +196,8 @@ def _panel_name(chunk: dict[str, Any]) -> str:
 
 
 def table(chunks: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-  """{panel: {family | "overall": {episodes, success, return, invalid_action_rate, env_errors}}} (a panel is a
+  """{panel: {family | "overall": {episodes, success, return, score, invalid_action_rate, env_errors}}} (score:
+  the env's own progress measure, WebShop's task score, the paper's main WebShop column; a panel is a
   split, tagged <split>_t<T> for the temperatures after the first); env errors count as episodes but not in the
   rates (as in training's evaluations)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
@@ -212,6 +213,7 @@ def table(chunks: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]
           episodes=len(group), env_errors=len(group) - len(good),
           success=float(np.mean([e["success"] for e in good])) if good else 0.0,
           ret=float(np.mean([e["ret"] for e in good])) if good else 0.0,
+          score=float(np.mean([e.get("score", np.nan) for e in good])) if good else 0.0,  # nan: chunks before it
           invalid_action_rate=sum(e["invalid"] for e in good) / steps if steps else 0.0)
   return out
 
@@ -222,13 +224,13 @@ def markdown(results: dict[str, Any]) -> str:
   if len(src.get("temperatures", ())) > 1:
     temps += "; rows <split>_t<T> at temperature T"
   lines = [f"Evaluation of {results['evaluated']} on {src['env']} ({temps}, no skills).", "",
-           "| split | family | episodes | success | return | invalid actions | env errors |",
-           "|---|---|---|---|---|---|---|"]
+           "| split | family | episodes | success | return | score | invalid actions | env errors |",
+           "|---|---|---|---|---|---|---|---|"]
   for split, fams in results["table"].items():
     for fam, r in fams.items():
       name = f"**{fam}**" if fam == "overall" else fam
       lines.append(f"| {split} | {name} | {r['episodes']} | {r['success']:.3f} | {r['ret']:.3f} | "
-                   f"{r['invalid_action_rate']:.3f} | {r['env_errors']} |")
+                   f"{r.get('score', float('nan')):.3f} | {r['invalid_action_rate']:.3f} | {r['env_errors']} |")
   return "\n".join(lines) + "\n"
 
 

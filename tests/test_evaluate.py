@@ -57,6 +57,7 @@ def test_checkpoint_scores_what_the_run_measured(run, tiny_model_dir, tmp_path):
   assert overall["episodes"] == metrics["eval/eval/episodes"] == 10
   assert overall["success"] == metrics["eval/eval/success"]
   assert overall["ret"] == pytest.approx(metrics["eval/eval/return"], abs=1e-12)
+  assert overall["score"] == pytest.approx(metrics["eval/eval/score"], abs=1e-12)
   assert overall["invalid_action_rate"] == pytest.approx(metrics["eval/eval/invalid_action_rate"], abs=1e-12)
   assert results["table"]["eval"]["coin"]["success"] == metrics["eval/eval/success/coin"]
   assert results["evaluated"] == f"checkpoint {workdir}/checkpoints step 1"
