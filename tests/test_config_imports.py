@@ -103,11 +103,12 @@ def _set(cfg, path: str, value) -> None:
 def test_validate_rejects_a_bad_choice_with_one_line_naming_the_field(path):
   cfg = sciworld.get_config()
   config_lib.validate(cfg)
-  _set(cfg, path, "bogus")
+  bad = 7 if isinstance(config_lib.get(cfg, path), int) else "bogus"  # a value of the field's own type
+  _set(cfg, path, bad)
   with pytest.raises(ValueError) as e:
     config_lib.validate(cfg)
   msg = str(e.value)
-  assert "\n" not in msg and msg.startswith(f"config.{path}='bogus' is not allowed; choose one of ")
+  assert "\n" not in msg and msg.startswith(f"config.{path}={bad!r} is not allowed; choose one of ")
   assert repr(config_lib.CHOICES[path]) in msg
 
 
