@@ -184,7 +184,8 @@ def make_client(cfg: ml_collections.ConfigDict) -> RetrieverClient:
 
 def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs: base.Observation,
                   cfg: ml_collections.ConfigDict) -> str:
-  return prompting.render_env_prompt(NAME, f"answer the question: {task_description}", history, obs.text, (), cfg,
+  # The bare question: the default templates say "answer the question:", a reference-style one need not.
+  return prompting.render_env_prompt(NAME, task_description, history, obs.text, (), cfg,
                                      tags=TAGS)
 
 
