@@ -167,9 +167,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.objectives.clip_c={o.clip_c} must be > 1 (dual clip caps the loss at -clip_c*A for A < 0)")
   if not 0 < o.gigpo_similarity <= 1:
     raise ValueError(f"config.objectives.gigpo_similarity={o.gigpo_similarity} must be in (0, 1]")
-  lo, hi = (tuple(cfg.model.frame_pixels) + (None, None))[:2]
-  if len(cfg.model.frame_pixels) != 2 or not all(isinstance(v, int) and v >= 0 for v in (lo, hi)) or lo > (hi or lo):
-    raise ValueError(f"config.model.frame_pixels={tuple(cfg.model.frame_pixels)} must be (min, max) pixel counts "
+  fp = tuple(cfg.model.frame_pixels)
+  if len(fp) != 2 or not all(isinstance(v, int) and v >= 0 for v in fp) or (fp[1] and fp[0] > fp[1]):
+    raise ValueError(f"config.model.frame_pixels={fp} must be (min, max) pixel counts "
                      ">= 0 with min <= max (0 = no bound)")
   check_mesh_shapes(cfg.mesh)
   from seed_jax.infra.faults import parse_plan

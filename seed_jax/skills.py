@@ -266,7 +266,7 @@ def augment_prompt(prompt_text: str, skill: str | None, skill_at: int | None = N
 
 def _augment(prompt_text: str, skill: str, skill_at: int | None) -> str:
   block = templates.get("skill_block").render({"skill": skill.strip()}) + "\n"
-  placement = templates.skill_placement()
+  placement = templates.active().skill_placement
   if placement == "placeholder":
     if skill_at is None:
       raise ValueError("skill_placement 'placeholder' needs the prompt's {skill} offset (Step.info['skill_at']); "

@@ -124,12 +124,12 @@ def render_step_prompt(env: str, *, task_description: str, history: Sequence[tup
                        turn: str = "", **extra: str) -> str:
   """The user message for one step: `env`'s step template (templates.KINDS lists its placeholders).
 
-  `history` is the whole episode so far as (observation, action) pairs (shown so, or with each action's result
-  as config.templates.history_pairs says); only the last `history_length`
-  are shown (with their absolute step numbers), each past observation clipped to `history_obs_chars`
-  characters (0 = no limit); with none shown the first-step template is used. `admissible_actions` are joined
-  as config.templates.action_list says (else as `list_format`, the env's own); `tags` are the answer tags the turn line asks for (as `parse_action` reads them);
-  `turn` replaces the tag turn line (an env answering in another form);
+  `history` is the whole episode so far as (observation, action) pairs (shown so, or each action with its
+  result as config.templates.history_pairs says); only the last `history_length` are shown (with their
+  absolute step numbers), each past observation clipped to `history_obs_chars` characters (0 = no limit); with
+  none shown the first-step template is used. `admissible_actions` are joined as config.templates.action_list
+  says (else as `list_format`, the env's own); `tags` are the answer tags the turn line asks for (as
+  `parse_action` reads them); `turn` replaces that line (an env answering in another form);
   `extra` fills the env's own placeholders (templates.ENV_FIELDS).
   """
   if history_length < 0:
@@ -142,7 +142,7 @@ def render_step_prompt(env: str, *, task_description: str, history: Sequence[tup
   past = [pair.render({"step": k, "observation": _clip(obs, history_obs_chars), "action": act})
           for k, (obs, act) in enumerate(window, start=first)]
   # With placement "placeholder" the slot marks where H(h, s) puts the skill; fit_prompt takes it out.
-  skill = SKILL_SLOT if templates.skill_placement() == "placeholder" else ""
+  skill = SKILL_SLOT if templates.active().skill_placement == "placeholder" else ""
   actions = templates.join_actions(admissible_actions, list_format)
   fields = dict(task_description=task_text(task_description), step_count=len(history), history_length=len(window),
                 action_history="\n".join(past), current_step=len(history) + 1,

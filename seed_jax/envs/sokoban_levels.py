@@ -150,14 +150,14 @@ def _walk_player(rng: random.Random, board: Board, state: State, max_steps: int)
   if not max_steps or rng.random() > 0.5:
     return state
   p, visited = state.player, {state.player}
-  for taken in range(1, max_steps + 1):
+  for _ in range(max_steps):
     free = [q for q in (_add(p, d) for d in _DELTA.values())
             if not board.blocked(q) and q not in state.boxes and q not in visited]
     if not free:
       break
     p = rng.choice(free)
     visited.add(p)
-    if taken >= max_steps or rng.random() > 0.5:
+    if rng.random() > 0.5:  # go on with probability 1/2
       break
   return State(p, state.boxes)
 

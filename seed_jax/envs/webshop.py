@@ -259,7 +259,7 @@ def render_prompt(task_description: str, history: Sequence[tuple[str, str]], obs
                   cfg: Any) -> str:
   # One action per line: clickables (option values, titles) may hold commas.
   return prompting.render_env_prompt(NAME, task_description, history, obs.text, obs.admissible or (), cfg,
-                                   list_format="lines")
+                                     list_format="lines")
 
 
 # The env reads the parsed text as search[<query>] or click[<clickable>]; anything else changes nothing.

@@ -1,8 +1,8 @@
 """Qwen2-VL / Qwen2.5-VL image preprocessing in numpy: the vision tower's flat patches and grid of an RGB frame.
 
 Steps (as transformers' Qwen2VLImageProcessorPil), after an optional `bound_frame` (verl's process_image, which
-the reference runs before the processor: a 96x96 Sokoban frame becomes 256x256): `smart_resize` picks a size with both sides multiples of
-patch_size * merge_size (28) and the pixel count within [min_pixels, max_pixels], keeping the aspect ratio;
+the reference runs before the processor: a 96x96 Sokoban frame becomes 256x256): `smart_resize` picks a size
+with both sides multiples of patch_size * merge_size (28) and the pixel count within [min_pixels, max_pixels], keeping the aspect ratio;
 the frame is resized there with Pillow's bicubic filter (`resize_bicubic` reproduces its fixed-point uint8
 arithmetic exactly), rescaled to [0, 1], normalized with the CLIP mean/std and cut into patches
 [h/14 * w/14, C * temporal * 14 * 14] in 2x2 merge-block order, each patch repeated over the temporal axis
@@ -121,11 +121,14 @@ def resize_bicubic(image_HWC: np.ndarray, height: int, width: int) -> np.ndarray
 def bound_frame(image_HWC: np.ndarray, min_pixels: int, max_pixels: int) -> np.ndarray:
   """verl's process_image: a frame of more than `max_pixels` is scaled down, then one of fewer than `min_pixels`
   up, by sqrt of the area ratio, each side truncated to an integer, with Pillow's bicubic filter (0 = no bound)."""
-  for bound, resize in ((max_pixels, lambda a: a > max_pixels), (min_pixels, lambda a: a < min_pixels)):
+  def scaled(image_HWC, bound):
     h, w = image_HWC.shape[:2]
-    if bound and resize(h * w):
-      f = math.sqrt(bound / (h * w))
-      image_HWC = resize_bicubic(image_HWC, int(h * f), int(w * f))
+    f = math.sqrt(bound / (h * w))
+    return resize_bicubic(image_HWC, int(h * f), int(w * f))
+  if max_pixels and image_HWC.shape[0] * image_HWC.shape[1] > max_pixels:
+    image_HWC = scaled(image_HWC, max_pixels)
+  if min_pixels and image_HWC.shape[0] * image_HWC.shape[1] < min_pixels:
+    image_HWC = scaled(image_HWC, min_pixels)
   return image_HWC
 
 

@@ -151,12 +151,9 @@ def get(kind: str, env: str = "") -> Template:
   return load(_active.path(kind, env), kind, env)
 
 
-def skill_placement() -> str:
-  return _active.skill_placement
-
-
 def active() -> Selection:
-  """This process's selection: its rendering options (the analysis prompt's numbering and separators, ...)."""
+  """This process's selection: its rendering options (skill placement, action lists, the analysis prompt's
+  numbering and separators, ...)."""
   return _active
 
 
