@@ -50,9 +50,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   is_writer = distributed.is_writer()  # [scale]
   writer = MetricsWriter(workdir, is_writer, cfg.log, run_config=cfg.to_dict())
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.checkpoint, fingerprint(cfg))
-  faults = faults_lib.Faults(cfg.faults.plan, workdir, cfg.seed)
-  if faults.plan and jax.process_count() > 1:
-    raise distributed.SetupError("config.faults.plan (fault drills) runs on one process")
+  faults = faults_lib.Faults(cfg.faults.plan, workdir, cfg.seed, jax.process_index())
+  if jax.process_count() > 1 and (problem := faults_lib.multi_process_problem(cfg.faults.plan)):
+    raise distributed.SetupError(problem)
   total = cfg.train.num_updates
   try:
     with stop_lib.StopSignals(multi_process=jax.process_count() > 1) as stop:

@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -97,16 +98,26 @@ def main(argv):
   if cfg.stage == "eval":
     run_eval(cfg, workdir)
     return
+  from seed_jax.envs.pool import EnvStartError
+  from seed_jax.infra import peers  # on a pod: every process ends with the failing one's line
   try:
     out = loop.train(cfg, workdir)
   except preflight.WorkdirError as e:
-    sys.exit(f"workdir error: {e}")
+    peers.fail_all("workdir error", str(e))
   except CheckpointWriteError as e:  # the run stopped before work it could not save; the same command resumes
-    sys.exit(f"checkpoint error: {e}")
+    peers.fail_all("checkpoint error", str(e))
   except distributed.SetupError as e:
-    sys.exit(f"multi-host error: {e}")
+    peers.fail_all("multi-host error", str(e))
   except ConfigError as e:  # a value the build found wrong against the checkpoint, the devices or the env
-    sys.exit(f"config error: {e}")
+    peers.fail_all("config error", str(e))
+  except EnvStartError as e:
+    peers.fail_all("env error", e.line)
+  except Exception as e:  # anything else: its traceback here, and on a pod the others stop too
+    if not distributed.is_multi_process():
+      raise
+    if not peers.posted_elsewhere():  # else this error follows from another process's, whose line is used
+      traceback.print_exc()
+    peers.fail_all("fatal error", peers.fatal_message(e, _first_line(e)))
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop
     exit_after_stop(out, workdir)

@@ -232,9 +232,12 @@ _rescore = pipeline.rescore_samples
 
 
 def _rescore_or_die(rt, params, samples, with_skills):
-  if jax.process_index() == 1 and rt.cfg.get("die_in_update", False):
+  how = rt.cfg.get("die_in_update", "")
+  if jax.process_index() == 1 and how == "exit":
     print("process 1 dies in the re-score", flush=True)
     os._exit(3)
+  if jax.process_index() == 1 and how == "raise":
+    raise RuntimeError("process 1 cannot re-score (injected)")
   return _rescore(rt, params, samples, with_skills)
 
 
@@ -242,20 +245,55 @@ pipeline.rescore_samples = _rescore_or_die
 """
 
 
-def test_a_process_dying_mid_update_ends_the_other_within_the_heartbeat_timeout(tiny_model_dir, tmp_path):
-  """Process 1 exits in update 1's re-score; process 0, waiting in the next collective, is ended by JAX's
-  coordination service within heartbeat_timeout_s (10 s here) with a line naming task 1, not left hanging."""
-  cfg_file = tmp_path / "cfg_die.py"
-  cfg_file.write_text(_config_text(tiny_model_dir, 2) + DIE +
-                      "\n_get = get_config\n\n\ndef get_config():\n  c = _get()\n  c.die_in_update = True\n"
-                      "  return c\n")
+def _dying_config(model, tmp_path, how: str):
+  cfg_file = tmp_path / f"cfg_die_{how}.py"
+  cfg_file.write_text(_config_text(model, 2) + DIE + "\n_get = get_config\n\n\ndef get_config():\n  c = _get()\n"
+                      f"  c.die_in_update = {how!r}\n  return c\n")
+  return cfg_file
+
+
+def test_an_error_raised_on_one_process_ends_both_with_its_line_within_seconds(tiny_model_dir, tmp_path):
+  """Process 1 raises in update 1's re-score while process 0 goes on into the next collective: process 1 prints
+  its traceback, and both end with exit 1 and the same last line naming process 1 and the error, seconds apart
+  (the heartbeat timeout is raised to 300 s, so it is not what ends process 0)."""
+  procs = _launch(_dying_config(tiny_model_dir, tmp_path, "raise"), str(tmp_path / "w"), 2, 4,
+                  "--config.distributed.heartbeat_timeout_s=300")
+  ended = _ends(procs)
+  outs = _wait(procs, timeout=60)
+  assert [p.returncode for p in procs] == [1, 1], "\n".join(o[-3000:] for o in outs)
+  lines = [o.strip().splitlines()[-1] for o in outs]
+  assert lines[0] == lines[1] and re.fullmatch(
+      r"fatal error: process 1 of 2 \(.+\): RuntimeError: process 1 cannot re-score \(injected\)", lines[0]), lines
+  assert "Traceback" in outs[1] and "Traceback" not in outs[0] and "heartbeat" not in outs[0], outs[0][-3000:]
+  assert abs(ended[0] - ended[1]) < 30, ended
+
+
+def _ends(procs, timeout=600) -> list[float]:
+  """When each process ended (polled every 0.1 s)."""
+  ended: dict[int, float] = {}
+  deadline = time.time() + timeout
+  while len(ended) < len(procs) and time.time() < deadline:
+    for i, p in enumerate(procs):
+      if i not in ended and p.poll() is not None:
+        ended[i] = time.time()
+    time.sleep(0.1)
+  print("process end times, s after the first:", {i: round(t - min(ended.values()), 1) for i, t in ended.items()})
+  return [ended.get(i, float("inf")) for i in range(len(procs))]
+
+
+def test_a_process_dying_mid_update_ends_the_other_within_seconds(tiny_model_dir, tmp_path):
+  """Process 1 exits in update 1's re-score without a word. Process 0, in the next collective, sees its peer's
+  connection close and ends at once with one line saying so; were it waiting elsewhere (a barrier), JAX's
+  coordination service would end it within heartbeat_timeout_s (10 s here) with a line naming task 1."""
   t0 = time.time()
-  procs = _launch(cfg_file, str(tmp_path / "w"), 2, 4)
+  procs = _launch(_dying_config(tiny_model_dir, tmp_path, "exit"), str(tmp_path / "w"), 2, 4)
   outs = _wait(procs, timeout=300)
   assert procs[1].returncode == 3 and "process 1 dies in the re-score" in outs[1], outs[1][-3000:]
   assert procs[0].returncode != 0, outs[0][-3000:]
-  assert re.search(r"Task 1 heartbeat timeout|unhealthy \(stopped sending heartbeats\):\s*1|another task died",
-                   outs[0]), outs[0][-3000:]
+  last = outs[0].strip().splitlines()[-1]
+  assert (last.startswith("fatal error: process 0 of 2 (") and "another process left the job without a word" in last
+          or re.search(r"Task 1 heartbeat timeout|unhealthy \(stopped sending heartbeats\):\s*1", outs[0])), last
+  assert "Traceback" in outs[0] or "heartbeat" in outs[0]  # the collective's own error is shown too
   assert time.time() - t0 < 240
 
 
@@ -283,6 +321,7 @@ def test_data_axes_that_do_not_split_over_the_processes_are_one_line(tiny_model_
   procs = _launch(cfg_file, str(tmp_path / "w"), 2, 4, "--config.mesh.shape=(1,1,-1)")
   outs = _wait(procs, timeout=300)
   assert [p.returncode for p in procs] == [1, 1], outs
-  for out in outs:
-    assert out.strip().splitlines()[-1].startswith(
-        "multi-host error: data x fsdp = 1 devices do not divide over 2 processes"), out[-2000:]
+  lines = [out.strip().splitlines()[-1] for out in outs]
+  # Both meet the error; the first to post it names itself, and the other ends with that line.
+  assert lines[0] == lines[1] and re.match(r"multi-host error: process [01] of 2 \(.+\): data x fsdp = 1 devices "
+                                           r"do not divide over 2 processes", lines[0]), lines

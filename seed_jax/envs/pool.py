@@ -66,6 +66,15 @@ def _worker_main(family: EnvFamily, cfg: Any, conn: Connection) -> None:
         pass
 
 
+class EnvStartError(RuntimeError):
+  """An env worker that could not build its env; `line` is the one-line form (the traceback's last line)."""
+
+  def __init__(self, message: str, index: int, payload: str):
+    super().__init__(message)
+    lines = [l.strip() for l in payload.strip().splitlines() if l.strip()]
+    self.line = f"env worker {index} failed to start: {lines[-1] if lines else 'no reason given'}"
+
+
 class _Worker:
   def __init__(self, family: EnvFamily, cfg: Any):
     self.conn, child_conn = _CTX.Pipe()
@@ -208,13 +217,14 @@ class EnvPool:
     deadline = time.monotonic() + self.start_timeout_s
     for i, w in enumerate(self._workers):
       if not w.conn.poll(max(0.0, deadline - time.monotonic())):
-        raise RuntimeError(f"env worker {i} did not start within {self.start_timeout_s:.0f} s")
+        why = f"no answer within {self.start_timeout_s:.0f} s"
+        raise EnvStartError(f"env worker {i} did not start: {why}", i, why)
       try:
         status, payload = w.conn.recv()
       except (EOFError, OSError):
         status, payload = "died", f"exit code {w.proc.exitcode} (a driver script needs `if __name__ == '__main__':`)"
       if status != "ready":
-        raise RuntimeError(f"env worker {i} failed to start: {payload}")
+        raise EnvStartError(f"env worker {i} failed to start: {payload}", i, payload)
       w.awaiting_ready = False
 
   def _restart(self, i: int, why: EnvError) -> None:

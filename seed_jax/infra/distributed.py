@@ -80,6 +80,8 @@ def initialize(dc: ml_collections.ConfigDict) -> bool:
                      f"{dc.initialization_timeout_s}: {msg}") from e
   log.info("process %d of %d; %d local devices of %d", jax.process_index(), jax.process_count(),
            jax.local_device_count(), jax.device_count())
+  from seed_jax.infra import peers
+  peers.start_watcher()  # a fatal error on any process ends every process (peers.fail_all)
   return jax.process_count() > 1
 
 
@@ -97,6 +99,11 @@ def _wait_for_coordinator(address: str, timeout_s: float, process_id: int, num_p
                          f"{timeout_s:g} (process {process_id} of {num_processes}; {e.strerror or e}): start "
                          "process 0 there, or fix distributed.coordinator_address") from None
       time.sleep(0.5)
+
+
+def is_multi_process() -> bool:
+  """Whether this process joined a job of several (without starting a backend when it did not)."""
+  return jax.distributed.is_initialized() and jax.process_count() > 1
 
 
 def is_writer() -> bool:

@@ -10,6 +10,9 @@ Kinds and where they strike in update u (docs/faults.md says what the run does a
 - sigterm: SIGTERM to this process after the rollout.
 - ckpt_write: writing checkpoint u + 1 fails (as a full disk does, CheckpointWriteError).
 - kill9: the process dies (os._exit(137)) while checkpoint u + 1 is being written.
+
+An item may name one process of a multi-process run, "kind@update:pN" (only process N meets it); on several
+processes only ckpt_write runs (the drill of one host failing while the others go on, docs/faults.md).
 """
 from __future__ import annotations
 
@@ -26,28 +29,38 @@ KINDS = ("env_kill", "nan_grad", "sigterm", "ckpt_write", "kill9")
 FIRED_FILE = "faults_fired.jsonl"
 
 
-def parse_plan(plan: str) -> frozenset[tuple[str, int]]:
-  """{(kind, update)} of a plan string; ValueError naming the bad item."""
+def parse_plan(plan: str) -> frozenset[tuple[str, int, int | None]]:
+  """{(kind, update, process or None)} of a plan string; ValueError naming the bad item."""
   out = set()
   for item in (x.strip() for x in plan.split(",") if x.strip()):
-    kind, _, update = item.partition("@")
-    if kind not in KINDS or not update.isdigit():
-      raise ValueError(f"config.faults.plan item {item!r}: want kind@update with kind in {', '.join(KINDS)} and "
-                       "update an integer >= 0")
-    out.add((kind, int(update)))
+    kind, _, rest = item.partition("@")
+    update, _, proc = rest.partition(":p")
+    if kind not in KINDS or not update.isdigit() or (":" in rest and not proc.isdigit()):
+      raise ValueError(f"config.faults.plan item {item!r}: want kind@update[:pN] with kind in {', '.join(KINDS)}, "
+                       "update an integer >= 0 and N a process index")
+    out.add((kind, int(update), int(proc) if proc else None))
   return frozenset(out)
+
+
+def multi_process_problem(plan: str) -> str | None:
+  """Why `plan` cannot run on several processes (only ckpt_write drills do), or None."""
+  other = sorted({kind for kind, _, _ in parse_plan(plan)} - {"ckpt_write"})
+  return (f"config.faults.plan: only ckpt_write drills run on several processes, not {', '.join(other)}"
+          if other else None)
 
 
 class Faults:
   """The plan of one run and what of it has fired in this workdir."""
 
-  def __init__(self, plan: str, workdir: str, seed: int = 0):
-    self.plan, self.seed = parse_plan(plan), seed
+  def __init__(self, plan: str, workdir: str, seed: int = 0, process: int = 0):
+    """`process`: this process's index; it meets the items of no process and those naming it."""
+    self.seed, self.process = seed, process
+    self.plan = {(k, u) for k, u, p in parse_plan(plan) if p in (None, process)}
     self.path = os.path.join(workdir, FIRED_FILE)
     self.fired: set[tuple[str, int]] = set()
     if self.plan and os.path.exists(self.path):
       with open(self.path) as f:
-        self.fired = {(r["kind"], r["update"]) for r in map(json.loads, f)}
+        self.fired = {(r["kind"], r["update"]) for r in map(json.loads, f) if r.get("process", 0) == process}
 
   def take(self, kind: str, update: int) -> bool:
     """True once per workdir when `kind` is planned at `update` (recorded on disk first: a fault that ends the
@@ -56,7 +69,7 @@ class Faults:
       return False
     self.fired.add((kind, update))
     with open(self.path, "a") as f:
-      f.write(json.dumps({"kind": kind, "update": update}) + "\n")
+      f.write(json.dumps({"kind": kind, "update": update, "process": self.process}) + "\n")
       f.flush()
       os.fsync(f.fileno())
     log.warning("fault drill: %s in update %d (config.faults.plan)", kind, update)

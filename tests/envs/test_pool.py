@@ -11,7 +11,7 @@ from configs import textworld_express as twx_config
 from seed_jax.envs import _MODULES, get_family
 from seed_jax.envs import textworld_express as twx
 from seed_jax.envs.base import EnvError, Observation, StepResult
-from seed_jax.envs.pool import EnvPool
+from seed_jax.envs.pool import EnvPool, EnvStartError
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,10 @@ def test_exception_inside_with_block_closes_everything(cfg, tasks):
 def test_env_that_cannot_start_fails_the_pool_loudly(cfg):
   broken = cfg.copy_and_resolve_references()
   del broken["success_reward"]
-  with pytest.raises(RuntimeError, match=r"(?s)env worker 0 failed to start: make_env failed.*success_reward"):
+  with pytest.raises(EnvStartError, match=r"(?s)env worker 0 failed to start: make_env failed.*success_reward") as e:
     EnvPool(twx.FAMILY, broken, num_envs=1)
+  assert "\n" not in e.value.line and "success_reward" in e.value.line, e.value.line  # main's one line
+  assert e.value.line.startswith("env worker 0 failed to start: "), e.value.line
 
 
 @pytest.mark.slow
