@@ -27,8 +27,13 @@ _watching: list = []  # the client the watcher reads, once started
 
 
 def _client():
-  from jax._src import distributed  # the client JAX joined the job with; no public accessor
-  return distributed.global_state.client
+  """The client JAX joined the job with (no public accessor); None where a JAX version moved it (then an error
+  ends only its own process, and the others at the heartbeat timeout, as without this module)."""
+  try:
+    from jax._src import distributed
+  except ImportError:
+    return None
+  return getattr(getattr(distributed, "global_state", None), "client", None)
 
 
 def where() -> str:
