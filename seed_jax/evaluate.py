@@ -28,6 +28,7 @@ from seed_jax import update as update_lib
 from seed_jax.config import sampling
 from seed_jax.envs.base import Trajectory
 from seed_jax.infra import checkpoint as ckpt_lib
+from seed_jax.infra import distributed
 from seed_jax.infra import preflight
 from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.rollout import run_episodes
@@ -246,20 +247,24 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if before != src:
       diff = ", ".join(f"{k}: {before.get(k)!r} -> {v!r}" for k, v in src.items() if before.get(k) != v)
       raise EvalSourceError(f"{workdir} holds episodes of another evaluation ({diff}); use another --workdir")
-  rt = build_player(cfg)
+  rt = build_player(cfg)  # [scale] joins a multi-process job: each process plays its share of every chunk
+  writer = distributed.is_writer()  # only process 0 reads and writes the workdir's files
   try:
     params, updates_done, evaluated = load_params(rt, cfg)
-    with open(meta_path, "w") as f:
-      json.dump(src, f, indent=1)
-    chunks = records.read_records(episodes_path, repair=True)  # a chunk cut off by a kill is played again
+    if writer:
+      with open(meta_path, "w") as f:
+        json.dump(src, f, indent=1)
+    # a chunk cut off by a kill is played again; every process skips what process 0 has
+    chunks = distributed.allgather_objects(records.read_records(episodes_path, repair=True) if writer else None)[0]
     done = {(_panel_name(c), c["chunk"]) for c in chunks}
     if done:
       log.info("eval: %d chunks already played in %s", len(done), episodes_path)
     key = eval_key(cfg, updates_done)  # the draws of the run's own evaluation of these weights
     for panel, c, trajs in eval_chunks(rt, params, key, skip=lambda name, c: (name, c) in done):
       chunks.append(dict(split=panel.split, panel=panel.name, temperature=panel.temperature, chunk=c,
-                         episodes=[_episode(t) for t in trajs]))
-      records.append_records(episodes_path, chunks[-1:])
+                         fingerprint=report.fingerprint(trajs), episodes=[_episode(t) for t in trajs]))
+      if writer:
+        records.append_records(episodes_path, chunks[-1:])
       log.info("eval: %s chunk %d: success %.3f over %d episodes", panel.name, c,
                np.mean([e["success"] for e in chunks[-1]["episodes"]]), len(trajs))
   finally:
@@ -267,8 +272,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   order = {p.name: i for i, p in enumerate(panels(cfg, list(rt.eval_tasks)))}
   chunks.sort(key=lambda c: (order[_panel_name(c)], c["chunk"]))
   results = dict(evaluated=evaluated, source=src, table=table(chunks))
-  with open(os.path.join(workdir, RESULTS + ".json"), "w") as f:
-    json.dump(results, f, indent=1)
-  with open(os.path.join(workdir, RESULTS + ".md"), "w") as f:
-    f.write(markdown(results))
+  if writer:
+    with open(os.path.join(workdir, RESULTS + ".json"), "w") as f:
+      json.dump(results, f, indent=1)
+    with open(os.path.join(workdir, RESULTS + ".md"), "w") as f:
+      f.write(markdown(results))
   return results

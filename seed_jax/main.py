@@ -71,12 +71,12 @@ def main(argv):
   if cfg.compile_cache.enabled:
     from seed_jax.infra import compile_cache
     compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
-  if cfg.stage != "rl":
+  if cfg.stage not in ("rl", "eval"):
     from seed_jax.infra import distributed
     try:
       if distributed.initialize(cfg.distributed):
         sys.exit(f"multi-host error: stage {cfg.stage!r} runs on one process (this job has several); only "
-                 "stage 'rl' runs multi-host (docs/pods.md)")
+                 "stages 'rl' and 'eval' run multi-host (docs/pods.md)")
     except distributed.SetupError as e:
       sys.exit(f"multi-host error: {e}")
   if cfg.stage == "generate":
@@ -89,35 +89,13 @@ def main(argv):
       sys.exit(f"{cfg.stage} error: {_first_line(e)}")
     return
   from seed_jax import loop
-  from seed_jax.infra import distributed, preflight
-  from seed_jax.infra.checkpoint import CheckpointWriteError
-  from seed_jax.runtime import ConfigError
   suffix = "-eval" if cfg.stage == "eval" else ""
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.name}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}")
   print(f"seed_jax: workdir {os.path.abspath(workdir)}")
   if cfg.stage == "eval":
     run_eval(cfg, workdir)
     return
-  from seed_jax.envs.pool import EnvStartError
-  from seed_jax.infra import peers  # on a pod: every process ends with the failing one's line
-  try:
-    out = loop.train(cfg, workdir)
-  except preflight.WorkdirError as e:
-    peers.fail_all("workdir error", str(e))
-  except CheckpointWriteError as e:  # the run stopped before work it could not save; the same command resumes
-    peers.fail_all("checkpoint error", str(e))
-  except distributed.SetupError as e:
-    peers.fail_all("multi-host error", str(e))
-  except ConfigError as e:  # a value the build found wrong against the checkpoint, the devices or the env
-    peers.fail_all("config error", str(e))
-  except EnvStartError as e:
-    peers.fail_all("env error", e.line)
-  except Exception as e:  # anything else: its traceback here, and on a pod the others stop too
-    if not distributed.is_multi_process():
-      raise
-    if not peers.posted_elsewhere():  # else this error follows from another process's, whose line is used
-      traceback.print_exc()
-    peers.fail_all("fatal error", peers.fatal_message(e, _first_line(e)))
+  out = _guarded(lambda: loop.train(cfg, workdir))
   if out["stopped"]:
     from seed_jax.infra.stop import exit_after_stop
     exit_after_stop(out, workdir)
@@ -129,18 +107,42 @@ def main(argv):
 
 def run_eval(cfg, workdir: str) -> None:
   from seed_jax import evaluate
+  from seed_jax.infra import distributed
+  results = _guarded(lambda: evaluate.run(cfg, workdir))
+  if distributed.is_writer():
+    print(evaluate.markdown(results), end="")
+    print(f"seed_jax: eval done. {os.path.join(workdir, evaluate.RESULTS)}.{{json,md}}")
+
+
+def _guarded(fn):
+  """fn()'s result. Its known errors end the run with one line, on a pod every process with the failing
+  process's line (peers.fail_all); an unexpected error on a pod prints its traceback and ends every process too."""
+  from seed_jax import evaluate
+  from seed_jax.envs.pool import EnvStartError
+  from seed_jax.infra import distributed, peers, preflight
+  from seed_jax.infra.checkpoint import CheckpointWriteError
   from seed_jax.runtime import ConfigError
-  from seed_jax.infra import preflight
   try:
-    results = evaluate.run(cfg, workdir)
+    return fn()
   except preflight.WorkdirError as e:
-    sys.exit(f"workdir error: {e}")
+    kind, message = "workdir error", str(e)
+  except CheckpointWriteError as e:  # the run stopped before work it could not save; the same command resumes
+    kind, message = "checkpoint error", str(e)
+  except distributed.SetupError as e:
+    kind, message = "multi-host error", str(e)
+  except ConfigError as e:  # a value the build found wrong against the checkpoint, the devices or the env
+    kind, message = "config error", str(e)
   except evaluate.EvalSourceError as e:
-    sys.exit(f"eval error: {e}")
-  except ConfigError as e:
-    sys.exit(f"config error: {e}")
-  print(evaluate.markdown(results), end="")
-  print(f"seed_jax: eval done. {os.path.join(workdir, evaluate.RESULTS)}.{{json,md}}")
+    kind, message = "eval error", str(e)
+  except EnvStartError as e:
+    kind, message = "env error", e.line
+  except Exception as e:
+    if not distributed.is_multi_process():
+      raise
+    if not peers.posted_elsewhere():  # else this error follows from another process's, whose line is used
+      traceback.print_exc()
+    kind, message = "fatal error", peers.fatal_message(e, _first_line(e))
+  peers.fail_all(kind, message)
 
 
 def _first_line(e: BaseException) -> str:

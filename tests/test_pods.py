@@ -189,6 +189,29 @@ def test_two_processes_evaluate_as_one(runs):
       assert e2[k] == v, (k, v, e2[k])
 
 
+def test_the_eval_stage_on_two_processes_equals_one(runs, tmp_path):
+  """`stage=eval` of the resumed run's checkpoint 3 on 5 panel games at two temperatures: 2 x 4 writes the same
+  results as 1 x 8 (each process plays its share of every chunk); only process 0 writes and prints them."""
+  cfg_file = tmp_path / "cfg_eval.py"
+  cfg_file.write_text(_config_text(runs["model"], 3))
+  flags = ("--config.stage=eval", f"--config.eval.checkpoint={runs['resumed']}", "--config.eval.max_tasks=5",
+           "--config.eval.temperatures=(0.4,1.0)")
+  results = {}
+  for processes, devices in ((1, 8), (2, 4)):
+    workdir = str(tmp_path / f"eval{processes}")
+    procs = _launch(cfg_file, workdir, processes, devices, *flags)
+    outs = _wait(procs, timeout=600)
+    assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
+    assert all(("seed_jax: eval done." in o) == (i == 0) for i, o in enumerate(outs)), outs[-1][-2000:]
+    with open(os.path.join(workdir, "eval_results.json")) as f:
+      results[processes] = json.load(f)
+    with open(os.path.join(workdir, "eval_episodes.jsonl")) as f:  # the fingerprint: every sampled reply
+      results[processes]["chunks"] = [(c["panel"], c["chunk"], c["fingerprint"]) for c in map(json.loads, f)]
+  assert results[1]["evaluated"].endswith("step 3") and set(results[1]["table"]) == {"eval", "eval_t1"}
+  assert results[1]["table"]["eval"]["overall"]["episodes"] == 5 and len(results[1]["chunks"]) >= 2
+  assert results[2]["table"] == results[1]["table"] and results[2]["chunks"] == results[1]["chunks"]
+
+
 def test_skill_context_and_distillation_loss_agree_across_process_counts(tiny_model_dir, tmp_path):
   """With skills from the HTTP stand-in analyzer, the skill context is re-scored and the OPD term trains: 2 x 4
   against 1 x 8 again, two updates, this time in the padded layouts (one sequence per row) of the re-score and
