@@ -204,6 +204,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval.temperatures = ()
   c.eval.split = "eval"
   c.eval.max_tasks = 0  # 0 = the whole panel
+  # > 0: the reference's protocol instead of the fixed panel: this many tasks drawn with replacement per split,
+  # seeded by config.seed (duplicates are played as separate episodes); excludes eval.max_tasks.
+  c.eval.draws = 0
   # Stage "eval" (seed_jax/evaluate.py): a run's workdir or checkpoints folder to score ("" = model.path's own
   # weights) and its step (-1 = the latest).
   c.eval.checkpoint = ""

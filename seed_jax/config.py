@@ -64,7 +64,7 @@ _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")
 _NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
-                 "eval.max_tasks", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
+                 "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
                  "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
 
@@ -217,6 +217,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if jax.default_backend() != "gpu":
       raise ValueError(f"config.model.attention='cudnn' needs an NVIDIA GPU (this backend: {jax.default_backend()}); "
                        "choose auto, blocked or xla_blockwise (or splash on a TPU)")
+  if cfg.eval.get("draws", 0) and cfg.eval.max_tasks:
+    raise ValueError(f"config.eval.draws={cfg.eval.draws} (tasks drawn with replacement) and config.eval.max_tasks="
+                     f"{cfg.eval.max_tasks} (a panel's subset) exclude each other: set one to 0")
   if cfg.stage == "eval" and cfg.eval.checkpoint and not os.path.exists(cfg.eval.checkpoint):
     raise ValueError(f"config.eval.checkpoint={cfg.eval.checkpoint!r} does not exist")
   needs_env = cfg.stage in ("rl", "collect", "warmstart", "eval") or (cfg.stage == "annotate" and cfg.annotate.analyzer == "oracle")

@@ -155,6 +155,8 @@ def source(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
   if cfg.eval.get("temperatures"):
     src["temperatures"] = list(temperatures(cfg))
+  if cfg.eval.get("draws"):
+    src["draws"] = cfg.eval.draws
   return src
 
 

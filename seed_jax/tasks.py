@@ -2,6 +2,7 @@
 evaluation panels and the chunks they are played in."""
 from __future__ import annotations
 
+import zlib
 from typing import Iterator, Sequence
 
 import ml_collections
@@ -34,8 +35,19 @@ def my_update_episodes(n_tasks: int, group_size: int) -> list[tuple[int, int]]:
 
 
 def eval_panels(family, cfg: ml_collections.ConfigDict) -> dict[str, list[Task]]:
-  """split -> its fixed panel: eval.max_tasks tasks spread over the split (all of them for 0)."""
-  return {s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks) for s in cfg.eval.split.split(",") if s}
+  """split -> its fixed panel: eval.max_tasks tasks spread over the split (all of them for 0), or with
+  eval.draws that many tasks drawn with replacement (the reference's protocol)."""
+  splits = [s for s in cfg.eval.split.split(",") if s]
+  if cfg.eval.get("draws", 0):
+    return {s: draws(family.tasks(cfg.env, s), cfg.eval.draws, cfg.seed, s) for s in splits}
+  return {s: spread(family.tasks(cfg.env, s), cfg.eval.max_tasks) for s in splits}
+
+
+def draws(tasks: Sequence[Task], n: int, seed: int, split: str) -> list[Task]:
+  """`n` tasks drawn uniformly with replacement, seeded by (seed, split): the same draws on every process, run
+  and resume, independent across splits. A task drawn twice is played twice, as two episodes."""
+  rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
+  return [tasks[i] for i in rng.integers(0, len(tasks), n)]
 
 
 def eval_chunk(cfg: ml_collections.ConfigDict) -> int:

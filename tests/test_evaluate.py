@@ -10,6 +10,7 @@ import sys
 import types
 
 import jax
+import numpy as np
 import pytest
 
 from configs import textworld_express as twx_config
@@ -47,6 +48,32 @@ def run(tiny_model_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
   out = loop.train(_config(tiny_model_dir), workdir)
   return workdir, out["metrics"]
+
+
+def test_draws_are_seeded_with_replacement_and_independent_across_splits():
+  from seed_jax import tasks
+  panel = [Task(task_id=f"t{i}", split="eval", env="x", spec={}) for i in range(5)]
+  a = tasks.draws(panel, 128, seed=0, split="eval")
+  assert a == tasks.draws(panel, 128, seed=0, split="eval") and len(a) == 128
+  assert len({t.task_id for t in a}) == 5 and {t.task_id for t in a} <= {t.task_id for t in panel}  # repeats
+  assert [t.task_id for t in a] != [t.task_id for t in tasks.draws(panel, 128, seed=0, split="test")]
+  assert [t.task_id for t in a] != [t.task_id for t in tasks.draws(panel, 128, seed=1, split="eval")]
+  counts = np.bincount([int(t.task_id[1:]) for t in a], minlength=5)
+  assert counts.min() >= 10  # uniform: each of 5 tasks ~25.6 times in 128 draws (P(any < 10) < 1e-4)
+
+
+@slow
+def test_the_eval_stage_plays_the_drawn_tasks(tiny_model_dir, tmp_path):
+  """eval.draws=6 plays the split's 6 seeded draws, in order, and the workdir's source names the protocol."""
+  from seed_jax import tasks
+  from seed_jax.envs import get_family
+  cfg = _config(tiny_model_dir, eval_stage=True, eval__max_tasks=0, eval__draws=6)
+  results = evaluate.run(cfg, str(tmp_path))
+  assert results["table"]["eval"]["overall"]["episodes"] == 6 and results["source"]["draws"] == 6
+  with open(tmp_path / evaluate.EPISODES) as f:
+    played = [e["task_id"] for c in map(json.loads, f) for e in c["episodes"]]
+  family = get_family(cfg.env.name)
+  assert played == [t.task_id for t in tasks.draws(family.tasks(cfg.env, "eval"), 6, cfg.seed, "eval")]
 
 
 @slow

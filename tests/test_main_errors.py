@@ -64,6 +64,8 @@ MORE = {
     "workdir_is_a_file": ([T, "--workdir={tmp}/file"], "workdir error: workdir '{tmp}/file' is not usable"),
     "sft_records": ([T, "--config.stage=sft", "--config.sft.data=/nonexistent.jsonl"],
                     "sft error: no SFT records at '/nonexistent.jsonl'"),
+    "eval_draws": ([T, "--config.eval.draws=128", "--config.eval.max_tasks=8"],
+                   "config error: config.eval.draws=128 (tasks drawn with replacement) and config.eval.max_tasks=8"),
     "faults_plan": ([T, "--config.faults.plan=boom@x"], "config error: config.faults.plan item 'boom@x': want kind@update"),
     "annotate_input": ([T, "--config.stage=annotate", "--config.annotate.input=/nonexistent.jsonl"],
                        "annotate error: no trajectory file '/nonexistent.jsonl'"),
