@@ -87,22 +87,24 @@ def posted_elsewhere() -> bool:
 
 
 def _posted(client, me: int) -> str | None:
-  """The line another process posted (the lowest process id's), or None."""
+  """The line another process posted (the lowest process id's), or None (also when the store is gone)."""
   try:
-    posted = sorted((int(k.rsplit("/", 1)[-1]), v) for k, v in client.key_value_dir_get(FATAL))
+    return _first_other(client.key_value_dir_get(FATAL), me)
   except Exception:
     return None
-  return next((v for p, v in posted if p != me), None)
+
+
+def _first_other(posted: list[tuple[str, str]], me: int) -> str | None:
+  return next((v for p, v in sorted((int(k.rsplit("/", 1)[-1]), v) for k, v in posted) if p != me), None)
 
 
 def _watch(client, me: int, n: int) -> None:
   while True:
     time.sleep(POLL_S)
     try:
-      client.key_value_dir_get(FATAL)
+      line = _first_other(client.key_value_dir_get(FATAL), me)
     except Exception:  # the store is gone: the job is ending (or process 0 died; JAX's heartbeat handles that)
       return
-    line = _posted(client, me)
     if line is not None:
       _exit(client, me, n, line)
 
