@@ -320,6 +320,34 @@ def test_a_process_dying_mid_update_ends_the_other_within_seconds(tiny_model_dir
   assert time.time() - t0 < 240
 
 
+def test_a_checkpoint_write_failing_on_one_process_ends_both_with_its_line_and_the_run_resumes(tiny_model_dir,
+                                                                                                 tmp_path):
+  """Writing checkpoint 2 fails on process 1 only (a fault drill); process 0 goes on into the save, a
+  collective process 1 never joins. Both end within seconds (the heartbeat timeout is raised to 300 s, so JAX's
+  coordination service is not what ends them) with the same one line naming process 1, exit 1; the same command
+  resumes both from checkpoint 1 and finishes the 3 updates."""
+  cfg_file, workdir = tmp_path / "cfg_ckpt.py", str(tmp_path / "w")
+  cfg_file.write_text(_config_text(tiny_model_dir, 3))
+  flags = ("--config.distributed.heartbeat_timeout_s=300", "--config.train.checkpoint.save_interval_steps=1",
+           "--config.faults.plan=ckpt_write@1:p1")
+  procs = _launch(cfg_file, workdir, 2, 4, *flags)
+  ended = _ends(procs)
+  outs = _wait(procs, timeout=60)
+  assert [p.returncode for p in procs] == [1, 1], "\n".join(o[-3000:] for o in outs)
+  assert abs(ended[0] - ended[1]) < 30, ended
+  lines = [o.strip().splitlines()[-1] for o in outs]
+  assert lines[0] == lines[1], lines
+  assert re.fullmatch(r"checkpoint error: process 1 of 2 \(.+\): checkpoint 2 could not be written in .*a fault "
+                      r"drill.*the latest saved checkpoint is 1", lines[0]), lines[0]
+  assert not any(re.search(r"heartbeat|Traceback", o) for o in outs), "\n".join(o[-3000:] for o in outs)
+  assert [r["step"] for r in _metrics(workdir)] == [0, 1]  # update 2's record is redone by the resumed run
+  procs = _launch(cfg_file, workdir, 2, 4, *flags)
+  outs = _wait(procs, timeout=600)
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+  assert "resumed" in outs[0] and "after 1 updates" in outs[0], outs[0][-3000:]
+  assert [r["step"] for r in _metrics(workdir)] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("flags,message", [
     (("--config.distributed.process_id=2",), "distributed.process_id (in [0, num_processes)) must be too; got "
                                               "num_processes=2, process_id=2"),
