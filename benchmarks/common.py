@@ -73,6 +73,19 @@ def matmul_peak_gflops(n: int = 2048, runs: int = 7) -> float:
   return 2 * n ** 3 / median(timed(lambda: mm(a, b).block_until_ready(), runs)) / 1e9
 
 
+def stream_bandwidth_gbs(mb: int = 1024, runs: int = 7) -> float:
+  """GB/s at which one jitted matrix-vector product reads an `mb` MB fp32 matrix (median): the rate a decode
+  step, which reads every weight once per token, can read memory on this CPU with every core."""
+  import jax
+  import jax.numpy as jnp
+  n = 8192
+  w = jnp.ones((mb * 2 ** 20 // 4 // n, n), jnp.float32)
+  v = jnp.ones((n,), jnp.float32)
+  mv = jax.jit(jnp.dot)
+  mv(w, v).block_until_ready()
+  return w.size * 4 / median(timed(lambda: mv(w, v).block_until_ready(), runs)) / 1e9
+
+
 forward_flops_per_token = spec_lib.forward_flops_per_token
 
 

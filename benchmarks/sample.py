@@ -2,6 +2,11 @@
 Sampler (fp32 and bf16) against Hugging Face `generate` (PyTorch CPU, fp32, 2 threads, same weights);
 prints one JSON line. Tokens/s counts generated tokens over the whole call (prefill included).
 
+`decode` (seed_jax sides): ms per decode step, from the difference between the full call and one of new/8
+tokens (the prefill cancels), against the step's memory floor: the weights in the sampler's dtype plus the KV
+cache positions a step attends (prompt + new/2 on average, every row), over the read bandwidth measured in the
+same child (common.stream_bandwidth_gbs). `decode.over_floor` is their ratio.
+
 Each configuration runs in its own child process, so each peak RSS is its own (loading included).
 
   python -m benchmarks.sample [--batch 8] [--prompt 256] [--new 128] [--runs 3]
@@ -35,8 +40,26 @@ def child_jax(a, dtype: str) -> dict:
   times = common.timed(run, a.runs)
   if any(len(g.tokens) != a.new for g in out[-1]):
     raise RuntimeError("a row stopped early")
-  return dict(times_s=times, first_call_s=first_s, peak_rss_mb=common.peak_rss_mb(),
-              tokens=[list(map(int, g.tokens)) for g in out[-1]])
+  tokens = [list(map(int, g.tokens)) for g in out[-1]]
+  short = SamplingParams(temperature=0.0, max_new_tokens=max(a.new // 8, 1))
+  short_run = lambda: sampler.generate(params, prompts, jax.random.key(0), short)
+  common.timed(short_run, 1)  # compiles the shorter decode loop
+  steps = a.new - short.max_new_tokens
+  step_ms = (common.median(times) - common.median(common.timed(short_run, a.runs))) / steps * 1e3
+  return dict(times_s=times, first_call_s=first_s, peak_rss_mb=common.peak_rss_mb(), tokens=tokens,
+              decode=decode_floor(spec, params, a, dtype, step_ms))
+
+
+def decode_floor(spec, params, a, dtype: str, step_ms: float) -> dict:
+  """The decode step against the time to read what it must read once (see the module docstring)."""
+  import jax
+  item = 2 if dtype == "bfloat16" else 4
+  weights = sum(x.size for x in jax.tree.leaves(params)) * item
+  kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * a.batch * (a.prompt + a.new / 2)
+  bandwidth = common.stream_bandwidth_gbs()
+  floor_ms = (weights + kv) / (bandwidth * 1e9) * 1e3
+  return dict(ms_per_step=round(step_ms, 2), floor_ms=round(floor_ms, 2), over_floor=round(step_ms / floor_ms, 2),
+              bandwidth_gbs=round(bandwidth, 1), weight_mb=round(weights / 2 ** 20), kv_mb=round(kv / 2 ** 20))
 
 
 def child_torch(a) -> dict:
@@ -84,7 +107,9 @@ def main() -> None:
   out = dict(bench="sample", model="SmolLM2-135M", batch=a.batch, prompt=a.prompt, new_tokens=a.new, greedy=True)
   for name in ("jax_fp32", "jax_bf16"):
     r = res[name]
-    out[f"seed_{name[4:]}"] = dict(side(r), compile_s=round(r["first_call_s"] - common.median(r["times_s"]), 2))
+    out[f"seed_{name[4:]}"] = dict(side(r), compile_s=round(r["first_call_s"] - common.median(r["times_s"]), 2),
+                                   decode=r["decode"])
+    out[f"decode_over_floor_{name[4:]}"] = r["decode"]["over_floor"]
   out["hf_generate_fp32"] = side(res["torch"])
   hf = out["hf_generate_fp32"]["tokens_per_s"]
   out["ratio_fp32"] = round(out["seed_fp32"]["tokens_per_s"] / hf, 3)
