@@ -21,6 +21,7 @@ import jax
 log = logging.getLogger(__name__)
 
 FATAL, ACK = "seed_jax/fatal/", "seed_jax/fatal_ack/"
+FIRST = FATAL + "first"  # set once (no overwrite): when several processes fail at once, one line for all
 POLL_S, ACK_WAIT_S = 0.5, 10.0
 _lock = threading.Lock()  # one exit per process: the main thread's or the watcher's
 _watching: list = []  # the client the watcher reads, once started
@@ -63,9 +64,11 @@ def fail_all(kind: str, message: str) -> NoReturn:
   first = _posted(client, me)
   if first is None:
     try:
-      client.key_value_set(f"{FATAL}{me}", line, allow_overwrite=True)
-    except Exception as e:  # the store is gone (process 0 ended): JAX's own shutdown speaks for the others
-      log.warning("could not post the error to the other processes: %s", e)
+      client.key_value_set(FIRST, f"{me}\t{line}")
+    except Exception as e:  # posted meanwhile by another process (its line wins), or the store is gone
+      first = _posted(client, me)
+      if first is None:
+        log.warning("could not post the error to the other processes: %s", e)
   _exit(client, me, jax.process_count(), line if first is None else first)
 
 
@@ -87,22 +90,23 @@ def posted_elsewhere() -> bool:
 
 
 def _posted(client, me: int) -> str | None:
-  """The line another process posted (the lowest process id's), or None (also when the store is gone)."""
+  """The line another process posted first, or None (also when the store is gone)."""
   try:
-    return _first_other(client.key_value_dir_get(FATAL), me)
+    return _other(client.key_value_dir_get(FATAL), me)
   except Exception:
     return None
 
 
-def _first_other(posted: list[tuple[str, str]], me: int) -> str | None:
-  return next((v for p, v in sorted((int(k.rsplit("/", 1)[-1]), v) for k, v in posted) if p != me), None)
+def _other(posted: list[tuple[str, str]], me: int) -> str | None:
+  p, _, line = (posted[0][1] if posted else "").partition("\t")
+  return line if posted and int(p) != me else None
 
 
 def _watch(client, me: int, n: int) -> None:
   while True:
     time.sleep(POLL_S)
     try:
-      line = _first_other(client.key_value_dir_get(FATAL), me)
+      line = _other(client.key_value_dir_get(FATAL), me)
     except Exception:  # the store is gone: the job is ending (or process 0 died; JAX's heartbeat handles that)
       return
     if line is not None:

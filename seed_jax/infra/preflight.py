@@ -22,7 +22,7 @@ def check_workdir(workdir: str) -> None:
   """The run folder exists (created here) and takes files: one clear error before anything is loaded."""
   try:
     os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_probe")
+    probe = os.path.join(workdir, f".write_probe.{os.getpid()}")  # per process: the hosts of a pod share it
     with open(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
