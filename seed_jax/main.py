@@ -19,18 +19,27 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "run folder (logs, checkpoints, du
                                "Default: runs/<env>-<time>; the Stage 1 stages share runs/<env>-stage1")
 
 
-def generate_once(cfg) -> str:
+def generate_once(cfg) -> str | None:
+  """The reply to config.generate.prompt. On a pod the weights are sharded over config.mesh and every process
+  joins the collective call; process 0 supplies the prompt and gets the reply (the others None)."""
   import jax
   from seed_jax.models import load
   from seed_jax.config import sampling
+  from seed_jax.infra import distributed, mesh as mesh_lib
   from seed_jax.sample import Sampler, SamplerConfig, SamplingParams
-  spec, params = load.load_model(cfg.model.path)
+  multi = distributed.initialize(cfg.distributed)
+  mesh = mesh_lib.mesh_from_config(cfg.mesh) if multi else None
+  if multi:
+    distributed.check_row_split(mesh)
+  spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
-                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype))
+                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
   sp = SamplingParams(*sampling(cfg, "generate"))
-  return sampler.generate_text(params, [cfg.generate.prompt], jax.random.key(cfg.seed), sp, tok)[0]
+  texts = [cfg.generate.prompt] if jax.process_index() == 0 else []
+  replies = sampler.generate_text(params, texts, jax.random.key(cfg.seed), sp, tok)  # collective on a pod
+  return replies[0] if replies else None
 
 
 def run_stage1(cfg) -> None:
@@ -71,16 +80,18 @@ def main(argv):
   if cfg.compile_cache.enabled:
     from seed_jax.infra import compile_cache
     compile_cache.enable(cfg.compile_cache.dir, cfg.compile_cache.min_compile_time_s)
-  if cfg.stage not in ("rl", "eval"):
+  if cfg.stage not in ("rl", "eval", "generate"):
     from seed_jax.infra import distributed
     try:
       if distributed.initialize(cfg.distributed):
         sys.exit(f"multi-host error: stage {cfg.stage!r} runs on one process (this job has several); only "
-                 "stages 'rl' and 'eval' run multi-host (docs/pods.md)")
+                 "stages 'rl', 'eval' and 'generate' run multi-host (docs/pods.md)")
     except distributed.SetupError as e:
       sys.exit(f"multi-host error: {e}")
   if cfg.stage == "generate":
-    print(generate_once(cfg))
+    reply = _guarded(lambda: generate_once(cfg))
+    if reply is not None:
+      print(reply)
     return
   if cfg.stage in ("collect", "annotate", "sft", "warmstart"):
     try:

@@ -348,6 +348,22 @@ def test_a_checkpoint_write_failing_on_one_process_ends_both_with_its_line_and_t
   assert [r["step"] for r in _metrics(workdir)] == [0, 1, 2]
 
 
+def test_generate_on_two_processes_prints_the_one_process_reply_once(tiny_model_dir, tmp_path):
+  """`stage=generate` with the weights sharded over 2 x 4 devices: process 0 prints the reply 1 x 8 prints
+  (same seed: same draws), process 1 prints none."""
+  flags = ("--config.model.path=" + tiny_model_dir, "--config.generate.prompt=Open the door.",
+           "--config.generate.max_new_tokens=12", "--config.generate.temperature=1.0",
+           "--config.distributed.initialization_timeout_s=60")
+  outs = {}
+  for processes, devices in ((1, 8), (2, 4)):
+    procs = _launch(os.path.join(ROOT, "configs", "generate.py"), str(tmp_path / "g"), processes, devices, *flags)
+    outs[processes] = _wait(procs, timeout=300)
+    assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs[processes])
+  reply = outs[1][0].rstrip("\n").splitlines()[-1]
+  assert reply.strip() and outs[2][0].rstrip("\n").splitlines()[-1] == reply, (outs[1][0][-500:], outs[2][0][-500:])
+  assert reply not in outs[2][1].splitlines(), outs[2][1][-500:]
+
+
 @pytest.mark.parametrize("flags,message", [
     (("--config.distributed.process_id=2",), "distributed.process_id (in [0, num_processes)) must be too; got "
                                               "num_processes=2, process_id=2"),
