@@ -24,6 +24,7 @@ kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real
   python -m benchmarks.update --config=sokoban --set model.path=DIR  # another env config (configs/<module>)
   python -m benchmarks.update --compare=old_logps  # rescore.old_logps=auto vs =rescore, one JSON line
   python -m benchmarks.update --compare=packing    # packed rows (the default) vs padded buckets
+  python -m benchmarks.update --compare=refill     # rows that refill (the default) vs turn-by-turn rollout calls
 
 --compare runs each setting in its own child, the default one first; the JSON line holds both children's lines
 and the ratios (second over first) of each phase's wall time and forwarded tokens. For old_logps the update
@@ -113,6 +114,13 @@ def phase_report(spec, m: dict[str, Any], phase: str, peak_gflops: float) -> dic
   return out
 
 
+def slot_steps_over_real(m: dict[str, Any]) -> float | None:
+  """Decode slot-steps the rollout and analysis computed (every row of a call, or every slot, at every step of
+  its loop) over the tokens they sampled."""
+  t = lambda k: sum(float(m.get(f"tokens/{p}_response_{k}", 0.0)) for p in ("rollout", "analysis"))
+  return round(t("forwarded") / t("real"), 4) if t("real") else None
+
+
 def run_update(a) -> dict[str, Any]:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -166,6 +174,7 @@ def run_update(a) -> dict[str, Any]:
       analysis_rescore_over_rollout=round(wall(("analysis", "rescore")) / wall(("rollout",)), 4),
       efficiency_outside_rollout=round(sum(phases[p]["ideal_s"] for p in outside) / wall(outside), 4),
       real_over_forwarded=round(sum(phases[p]["real_tokens"] for p in ("rescore", "update")) / fwd, 4) if fwd else None,
+      decode_slot_steps_over_real=slot_steps_over_real(m), refill=bool(cfg.sampler.refill),
       compiles=compiles, peak_rss_mb=round(common.peak_rss_mb()),
       old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
       build_s=round(build_s, 1), warmup_update_s=round(warmup_s, 1), measured_update_s=round(measured_s, 1),
@@ -175,6 +184,7 @@ def run_update(a) -> dict[str, Any]:
 COMPARE = {  # name -> (first child's settings, second child's settings)
     "old_logps": (["rescore.old_logps=auto"], ["rescore.old_logps=rescore"]),
     "packing": ([], ["learner.pack_length=0", "rescore.pack_length=0"]),
+    "refill": ([], ["sampler.refill=False"]),  # rows that refill (the default) vs turn by turn
 }
 
 

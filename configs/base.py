@@ -161,6 +161,9 @@ def get_base() -> ml_collections.ConfigDict:
   # over the cache tiled by model.attention_block where model.attention is blockwise), so the prefill holds one
   # chunk's activations (the analysis prompts of :paper); 0: the whole prompt in one pass.
   c.sampler.prefill_chunk = 0
+  # Rows that refill (seed_jax/slots.py): an episode's next turn enters a decode slot as soon as its env has
+  # stepped, instead of each turn waiting for its longest reply; the same trajectories. One process only.
+  c.sampler.refill = True
 
   c.rescore = ml_collections.ConfigDict()
   c.rescore.max_rows = 64  # contexts x samples per padded forward pass (pack_length 0); 0 = auto, as max_batch

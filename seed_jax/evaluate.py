@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from seed_jax import records, report, shares
+from seed_jax import records, report, shares, slots
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
 from seed_jax.config import sampling
@@ -91,7 +91,8 @@ def eval_chunks(rt: Player, params, key, skip: Callable[[str, int], bool] = lamb
       trajs = run_episodes(rt.pool, rt.family, cfg.env, [tasks[k] for k in mine], mine, [0] * len(mine),
                            rt.sampler.rollout_fn(params, sp, rt.stop_sequences), rt.tokenizer,
                            jax.random.fold_in(jax.random.fold_in(key, panel.index), c),
-                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine])
+                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[k - start for k in mine],
+                           serve=slots.server(rt.sampler, params, sp, rt.stop_sequences))
       yield panel, c, shares.gather_trajectories(trajs)
 
 

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from seed_jax import batch as batch_lib
-from seed_jax import advantages, analyzers, losses, report, shares, skills, teacher_quality
+from seed_jax import advantages, analyzers, losses, report, shares, skills, slots, teacher_quality
 from seed_jax import tasks as tasks_lib
 from seed_jax import update as update_lib
 from seed_jax.buckets import TokenCount
@@ -162,7 +162,8 @@ def _rollout(rt: Runtime, params, u: int, key, clock: dict[str, float] | None = 
   return run_episodes(rt.pool, rt.family, cfg.env, [tasks[b] for b, _ in mine], [u * len(tasks) + b for b, _ in mine],
                       [g for _, g in mine], rt.sampler.rollout_fn(params, sp, rt.stop_sequences),
                       rt.tokenizer, key, max_prompt_tokens=cfg.model.max_prompt_tokens, clock=clock,
-                      episode_ids=[b * G + g for b, g in mine])
+                      episode_ids=[b * G + g for b, g in mine],
+                      serve=slots.server(rt.sampler, params, sp, rt.stop_sequences))
 
 
 def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.Analysis:

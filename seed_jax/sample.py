@@ -1,9 +1,10 @@
-"""Jitted generation for rollouts and skill writing: prefill + KV-cache decode inside one `lax.while_loop`.
+"""Jitted generation for rollouts and skill writing: prefill, then KV-cache decode inside one `lax.while_loop`
+(seed_jax/decode.py holds the loop; seed_jax/slots.py runs it on rows that refill).
 
 `prefill_prompts` and `decode_tokens` are the pure device functions (`generate_tokens` chains them); two
 programs, so the host can time prefill and decode apart and prefill a group's identical prompts once. `Sampler`
-is the host side that validates prompts, buckets
-shapes (so a run compiles a bounded number of programs), splits oversized batches and unpads the results.
+is the host side that validates prompts, buckets shapes (so a run compiles a bounded number of programs),
+splits oversized batches and unpads the results.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import numpy as np
 from seed_jax import images as images_lib
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
+from seed_jax.decode import STOP_NAMES, decode, start_rows
 from seed_jax.infra import distributed
-from seed_jax.infra.mesh import constrain
 from seed_jax.models import transformer as tf
 from seed_jax.models import vlm
 from seed_jax.models.spec import ModelSpec
@@ -30,8 +31,6 @@ from seed_jax.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-STOP_EOS, STOP_SEQUENCE, STOP_LENGTH, STOP_PADDING = 0, 1, 2, 3
-STOP_NAMES = ("eos", "stop_sequence", "max_new_tokens", "padding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,31 +60,6 @@ def row_keys(key, ids_B):
   return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.asarray(ids_B, jnp.uint32))
 
 
-def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
-  """Next token and its log-prob, each row drawn with its own key. Filters restrict what can be drawn; the
-  returned log-prob is under the full temperature-scaled distribution, which is what re-scoring computes
-  (greedy: temperature 1)."""
-  if greedy:
-    tok_B = jnp.argmax(logits_BV, axis=-1)
-    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
-  else:
-    scaled_BV = logits_BV / temperature
-    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    masked_BV = scaled_BV
-    if top_k:
-      kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
-      masked_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, masked_BV)
-    if use_top_p:
-      sorted_BV = -jnp.sort(-masked_BV, axis=-1)
-      probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
-      keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # mass before this token < p
-      n_keep_B1 = jnp.sum(keep_BV, axis=-1, keepdims=True)
-      thresh_B1 = jnp.take_along_axis(sorted_BV, n_keep_B1 - 1, axis=-1)
-      masked_BV = jnp.where(masked_BV < thresh_B1, -jnp.inf, masked_BV)
-    tok_B = jax.vmap(jax.random.categorical)(keys_B, masked_BV)
-  return tok_B.astype(jnp.int32), jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
-
-
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "prefill_chunk"))
 def prefill_prompts(params, tokens_UP, valid_UP, images: vlm.ImageBatch | None = None, *, spec: ModelSpec, dtype,
                     max_new: int, prefill_chunk: int = 0):
@@ -105,51 +79,13 @@ def prefill_prompts(params, tokens_UP, valid_UP, images: vlm.ImageBatch | None =
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
 def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, temperature, top_p, eos_E, stop_NL, *,
                   spec: ModelSpec, dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool):
-  """Samples up to `max_new` tokens for rows B from prefilled rows U: row b continues prefilled row src_B[b]
-  (identical prompts are prefilled once; src_B None: row b is row b). is_pad_B marks batch padding; keys_B
-  (row_keys) are the rows' PRNG keys, folded with the step.
-  eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1.
+  """Samples up to `max_new` tokens for rows B from prefilled rows U (start_rows), every row to its end.
+  keys_B (row_keys) are the rows' PRNG keys, folded with the step.
   Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes)."""
-  if src_B is not None:  # one prefilled row per distinct prompt, copied to each of its sampled rows
-    take = lambda x: jnp.take(x, src_B, axis=0)
-    cache = cache.replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)), segment_BS=take(cache.segment_BS))
-    logits_UV, pos_U = take(logits_UV), take(pos_U)
-  cache = cache.replace(k=tuple(constrain(k, ("batch", "kv_heads", "head_dim", "cache_length")) for k in cache.k),
-                        v=tuple(constrain(v, ("batch", "kv_heads", "cache_length", "head_dim")) for v in cache.v))
-  B = is_pad_B.shape[0]
-  L = stop_NL.shape[1]
-  params = tf.decode_params(tf.cast_params(params, dtype), dtype)  # split per layer once, outside the loop
-  stop_len_N = jnp.sum(stop_NL >= 0, axis=1)
-
-  def cond(s):
-    return (s["i"] < max_new) & ~jnp.all(s["done"])
-
-  def body(s):
-    i = s["i"]
-    step_keys_B = jax.vmap(jax.random.fold_in, (0, None))(keys_B, i)
-    tok_B, logp_B = _pick(s["logits"], step_keys_B, temperature, top_p, greedy, top_k, use_top_p)
-    live_B = ~s["done"]
-    recent_BL = jnp.concatenate([s["recent"][:, 1:], tok_B[:, None]], axis=1)
-    stop_hit_B = jnp.any(jnp.all((recent_BL[:, None, :] == stop_NL[None]) | (stop_NL[None] < 0), axis=-1)
-                         & (stop_len_N > 0)[None], axis=1)
-    eos_hit_B = jnp.any(tok_B[:, None] == eos_E[None], axis=1)
-    reason_B = jnp.where(eos_hit_B, STOP_EOS, jnp.where(stop_hit_B, STOP_SEQUENCE, STOP_LENGTH))
-    ends_B = live_B & (eos_hit_B | stop_hit_B | (i + 1 == max_new))
-    hidden_B1D, cache = tf.forward(params, spec, tok_B[:, None], s["pos"][:, None], jnp.ones((B, 1), jnp.int32),
-                                   s["cache"], dtype)
-    return dict(
-        i=i + 1, cache=cache, pos=s["pos"] + 1, recent=recent_BL, done=s["done"] | ends_B,
-        logits=tf.logits_from_hidden(params, spec, hidden_B1D, dtype)[:, 0],
-        tokens=s["tokens"].at[:, i].set(jnp.where(live_B, tok_B, 0)),
-        logps=s["logps"].at[:, i].set(jnp.where(live_B, logp_B, 0.0)),
-        lengths=s["lengths"] + live_B.astype(jnp.int32), reason=jnp.where(ends_B, reason_B, s["reason"]))
-
-  init = dict(i=jnp.int32(0), cache=cache, pos=pos_U, logits=logits_UV, done=is_pad_B,
-              recent=jnp.full((B, L), -2, jnp.int32), tokens=jnp.zeros((B, max_new), jnp.int32),
-              logps=jnp.zeros((B, max_new), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
-              reason=jnp.where(is_pad_B, STOP_PADDING, STOP_LENGTH).astype(jnp.int32))
-  s = jax.lax.while_loop(cond, body, init)
-  return s["tokens"], s["logps"], s["lengths"], s["reason"]
+  rows = start_rows(cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, stop_NL.shape[1], max_new)
+  r = decode(params, rows, temperature, top_p, eos_E, stop_NL, False, spec=spec, dtype=dtype, max_new=max_new,
+              greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+  return r.tokens_BN, r.logps_BN, r.lengths_B, r.reason_B
 
 
 def generate_tokens(params, tokens_BP, valid_BP, key, temperature, top_p, eos_E, stop_NL, *, spec: ModelSpec,
@@ -174,6 +110,7 @@ class SamplerConfig:
   min_prompt_bucket: int = 64
   dtype: str  # compute dtype of weights and KV cache: "float32" or "bfloat16"
   prefill_chunk: int = 0  # > 0: prompts longer than this are prefilled in chunks of it (transformer.prefill)
+  refill: bool = False  # rollouts on rows that refill (seed_jax/slots.py) where one process runs the job
 
 
 class Sampler:
@@ -243,40 +180,16 @@ class Sampler:
   def _generate_batch(self, params, prompts, key, row_ids, sp: SamplingParams, stop_NL,
                       frames) -> list[Generation]:
     """One call; B, Pn, U (and whether prompts repeat) are agreed over processes, B and U per process."""
-    # A group's G rollouts share their first prompt: each distinct prompt is prefilled once (rows independent,
-    # so every row's numbers are the ones its own prefill gives) and its cache copied to its rows. A prompt with
-    # a frame is identical only with the same frame.
-    keys = [(tuple(p), None if f is None else f.key) for p, f in zip(prompts, frames)]
-    first: dict[tuple, int] = {}  # distinct prompt (with its frame) -> its first row
-    for n, k in enumerate(keys):
-      first.setdefault(k, n)
-    slot = {k: u for u, k in enumerate(first)}
-    src_N = np.asarray([slot[k] for k in keys], np.int32)
-    unique, frames = [prompts[n] for n in first.values()], [frames[n] for n in first.values()]
+    unique, frames_U, src_N = _distinct(prompts, frames)
     B, Pn, U, dedup = distributed.agree_max(
         bucket(max(len(prompts), 1), self.batch_sizes, "batch"),
         bucket(max(map(len, prompts), default=1), self.prompt_sizes, "prompt length"),
         bucket(max(len(unique), 1), self.batch_sizes, "batch"), len(unique) != len(prompts))
     # This process's prefilled rows start at u0 of the global U: its rows' sources index from there.
     u0 = 0 if self.mesh is None else distributed.row_block(self.mesh, U * jax.process_count())[0]
-    tokens_UP = np.zeros((U, Pn), np.int32)
-    valid_UP = np.zeros((U, Pn), bool)
-    for u, p in enumerate(unique):
-      tokens_UP[u, Pn - len(p):] = p
-      valid_UP[u, Pn - len(p):] = True
     src_B = None if not dedup else u0 + np.pad(src_N, (0, B - len(prompts)), constant_values=U - 1)
-    image_batch = images_lib.layout_images(U, Pn, [(u, Pn - len(p), p, (), f)
-                                                   for u, (p, f) in enumerate(zip(unique, frames))])
-    n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     is_pad_B = np.arange(B) >= len(prompts)
-    greedy = sp.temperature == 0
-    decode_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
-                         top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
-    prefill_static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens,
-                          prefill_chunk=self.cfg.prefill_chunk)
-    if self.compiles.see(("prefill", U, Pn, n_patches, tuple(sorted(prefill_static.items(), key=str)))):
-      log.info("compiling prefill: batch %d, prompt %d, image patches %d (%d programs)", U, Pn, n_patches,
-               self.compiles.count)
+    decode_static = self._decode_static(sp)
     if self.compiles.see(("decode", U, B, src_B is None, Pn, stop_NL.shape,
                           tuple(sorted(decode_static.items(), key=str)))):
       log.info("compiling decode: batch %d, prompt %d, max_new %d (%d programs)", B, Pn, sp.max_new_tokens,
@@ -284,10 +197,8 @@ class Sampler:
     rows = (lambda a: a) if self.mesh is None else (lambda a: distributed.global_batch(a, self.mesh))
     ids_B = np.zeros((B,), np.uint32)
     ids_B[:len(prompts)] = row_ids
-    with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-      t0 = time.perf_counter()
-      cache, logits, pos = jax.block_until_ready(prefill_prompts(params, rows(tokens_UP), rows(valid_UP),
-                                                                 image_batch, **prefill_static))
+    with self._on_mesh():
+      cache, logits, pos = self._prefill(params, unique, frames_U, U, Pn, sp.max_new_tokens, rows)
       t1 = time.perf_counter()
       out = decode_tokens(
           params, cache, logits, pos, None if src_B is None else rows(src_B), rows(is_pad_B),
@@ -295,16 +206,57 @@ class Sampler:
           jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p), jnp.asarray(self.eos_E),
           jnp.asarray(stop_NL), **decode_static)
       toks, logps, lens, reason = (distributed.local_rows(x) for x in out)  # this process's rows
-    self.times["prefill_s"] += t1 - t0
     self.times["decode_s"] += time.perf_counter() - t1
     lens_N = lens[:len(prompts)]
     # The decode loop runs until its longest row ends: every row, padding included, pays for those steps.
     steps = int(distributed.agree_max(int(lens_N.max(initial=0)))[0])  # the loop ran for the longest row anywhere
-    self.tokens.add(TokenCount(prompt_forwarded=U * Pn, prompt_real=sum(map(len, unique)),
-                               response_forwarded=B * steps, response_real=int(lens_N.sum()),
+    self.tokens.add(TokenCount(response_forwarded=B * steps, response_real=int(lens_N.sum()),
                                rows_forwarded=B, rows_real=len(prompts)))
     return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),
                        stop_reason=STOP_NAMES[reason[b]]) for b in range(len(prompts))]
+
+  def _decode_static(self, sp: SamplingParams) -> dict:
+    greedy = sp.temperature == 0
+    return dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
+                top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
+
+  def _on_mesh(self):
+    return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+  def _prefill(self, params, unique, frames_U, U: int, Pn: int, max_new: int, rows=lambda a: a):
+    """The KV cache (Pn + max_new slots), next-token logits and next positions of prompts `unique` (with their
+    frames), left-padded into U rows of Pn; counts the prompt positions and the wall time."""
+    tokens_UP = np.zeros((U, Pn), np.int32)
+    valid_UP = np.zeros((U, Pn), bool)
+    for u, p in enumerate(unique):
+      tokens_UP[u, Pn - len(p):] = p
+      valid_UP[u, Pn - len(p):] = True
+    image_batch = images_lib.layout_images(U, Pn, [(u, Pn - len(p), p, (), f)
+                                                   for u, (p, f) in enumerate(zip(unique, frames_U))])
+    n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
+    static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=max_new,
+                  prefill_chunk=self.cfg.prefill_chunk)
+    if self.compiles.see(("prefill", U, Pn, n_patches, tuple(sorted(static.items(), key=str)))):
+      log.info("compiling prefill: batch %d, prompt %d, image patches %d (%d programs)", U, Pn, n_patches,
+               self.compiles.count)
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(prefill_prompts(params, rows(tokens_UP), rows(valid_UP), image_batch, **static))
+    self.times["prefill_s"] += time.perf_counter() - t0
+    self.tokens.add(TokenCount(prompt_forwarded=U * Pn, prompt_real=sum(map(len, unique))))
+    return out
+
+
+def _distinct(prompts, frames):
+  """The distinct prompts (a prompt with a frame is identical only with the same frame), their frames and each
+  prompt's index among them: a group's G rollouts share their first prompt, prefilled once and its cache
+  copied to its rows (rows are independent, so each row's numbers are the ones its own prefill gives)."""
+  keys = [(tuple(p), None if f is None else f.key) for p, f in zip(prompts, frames)]
+  first: dict[tuple, int] = {}  # distinct prompt (with its frame) -> its first row
+  for n, k in enumerate(keys):
+    first.setdefault(k, n)
+  index = {k: u for u, k in enumerate(first)}
+  return ([prompts[n] for n in first.values()], [frames[n] for n in first.values()],
+          np.asarray([index[k] for k in keys], np.int32))
 
 
 def _stop_array(stop_sequences: Sequence[Sequence[int]]) -> np.ndarray:

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from seed_jax import analyzers, sft_oracle, skills
+from seed_jax import analyzers, sft_oracle, skills, slots
 from seed_jax.config import sampling
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
@@ -96,9 +96,11 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   family = get_family(cfg.env.name)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
-                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype), mesh)
+                                                     max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype,
+                                                     refill=cfg.sampler.refill), mesh)
   sp = SamplingParams(*sampling(cfg, "collect"))
-  generate = sampler.rollout_fn(params, sp, [tok.encode(s) for s in cfg.rollout.stop_strings])
+  stops = [tok.encode(s) for s in cfg.rollout.stop_strings]
+  generate, serve = sampler.rollout_fn(params, sp, stops), slots.server(sampler, params, sp, stops)
   K, per = cc.rollouts, min(cc.tasks_per_batch, len(pending))
   n_traj = n_ok = n_steps = 0
   t0 = time.perf_counter()
@@ -108,7 +110,7 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
       trajs = run_episodes(pool, family, cfg.env, [tasks[i] for i in idx for _ in range(K)],
                            [i for i in idx for _ in range(K)], [k for _ in idx for k in range(K)], generate, tok,
                            jax.random.fold_in(jax.random.key(cfg.seed), idx[0]),
-                           max_prompt_tokens=cfg.model.max_prompt_tokens)
+                           max_prompt_tokens=cfg.model.max_prompt_tokens, serve=serve)
       append_records(path, [dict(task_index=i, task=tasks[i].to_json(),
                                  trajectories=[traj_to_json(t) for t in trajs[j * K:(j + 1) * K]])
                             for j, i in enumerate(idx)])

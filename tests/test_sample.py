@@ -10,7 +10,8 @@ from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import Rescorer, RescorerConfig
-from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, _pick, generate_tokens
+from seed_jax.decode import _pick
+from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, generate_tokens
 
 SPEC = ModelSpec("LlamaForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                  ffn_dim=96)

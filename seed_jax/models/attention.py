@@ -54,7 +54,8 @@ def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache
   """Grouped-query attention of one layer: q [B, T, K, G, h] (K kv heads, G queries each), k/v [B, T, K, h].
 
   `cache` None: the tokens attend to each other, by `mask_BTS` [B, T, T] or, when it is None, blockwise by
-  `segment_BT`. Otherwise this call's keys/values are written at slot cache.end and the tokens attend to the
+  `segment_BT`. Otherwise this call's keys/values are written at slot cache.end (a scalar, or one per row) and
+  the tokens attend to the
   cache, by `mask_BTS` [B, T, S] or, when it is None, tile by tile by cache.segment_BS.
   Returns (output [B, T, K, G, h] fp32, LayerCache of this call's keys/values or of the updated cache)."""
   k_BKhT = to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
@@ -66,12 +67,20 @@ def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache
     return kernel(q_BTKGh, k_BTKh, v_BTKh, segment_BT, block=spec.attention_block), LayerCache(k_BKhT, v_BKTh)
   if cache is None:
     return dense_causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype), LayerCache(k_BKhT, v_BKTh)
-  kv = LayerCache(jax.lax.dynamic_update_slice(cache.k, k_BKhT, (0, 0, 0, cache.end)),
-                  jax.lax.dynamic_update_slice(cache.v, v_BKTh, (0, 0, cache.end, 0)))
+  kv = LayerCache(write_slots(cache.k, k_BKhT, cache.end, axis=3), write_slots(cache.v, v_BKTh, cache.end, axis=2))
   if mask_BTS is None:
     return tiled_cache_attention(q_BTKGh, kv.k, kv.v, segment_BT, cache.segment_BS, cache.end, spec.attention_block,
                                  dtype), kv
   return cache_attention(q_BTKGh, kv.k, kv.v, mask_BTS, dtype), kv
+
+
+def write_slots(cache_B, new_B, end, axis: int):
+  """`new_B` written into `cache_B` at slot `end` of the slot axis: a scalar end for every row, or one per row
+  (end [B], rows that started at different times, sample.decode_slots)."""
+  if jnp.ndim(end) == 0:
+    return jax.lax.dynamic_update_slice(cache_B, new_B, tuple(end if a == axis else 0 for a in range(cache_B.ndim)))
+  row = lambda c, x, e: jax.lax.dynamic_update_slice(c, x, tuple(e if a == axis - 1 else 0 for a in range(c.ndim)))
+  return jax.vmap(row)(cache_B, new_B, end)
 
 
 def dense_causal_attention(q_BTKGh, k_BTKh, v_BTKh, mask_BTS, dtype):

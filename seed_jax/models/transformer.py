@@ -103,7 +103,8 @@ class KVCache:
   """Keys/values of every slot, one array per layer: decode updates and reads each layer's cache in place,
   where slicing a layer out of a stacked [L, ...] array would copy it on every step. Each K is [B, Hkv, hd, S]
   and each V is [B, Hkv, S, hd], as attention.LayerCache. `segment_BS` is 0 for empty slots; `end` is the
-  first free slot (new tokens are written at [end, end+T))."""
+  first free slot (new tokens are written at [end, end+T)): a scalar, or one per row [B] when rows advance
+  apart (sample.decode_slots)."""
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   segment_BS: jax.Array
@@ -260,10 +261,12 @@ def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   T = tokens_BT.shape[1]
   x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   S = cache.segment_BS.shape[1]
-  seg_BS = jax.lax.dynamic_update_slice(cache.segment_BS, segment_BT.astype(jnp.int32), (0, cache.end))
-  q_slot_T = cache.end + jnp.arange(T)
+  seg_BS = attention.write_slots(cache.segment_BS, segment_BT.astype(jnp.int32), cache.end, axis=1)
+  q_slot_BT = jnp.reshape(cache.end, (-1, 1)) + jnp.arange(T)  # [1, T] or, with an end per row, [B, T]
   tiled = T > 1 and spec.blockwise(S)  # prefill chunks of a long prompt
-  mask_BTS = None if tiled else ((q_slot_T[None, :, None] >= jnp.arange(S)[None, None, :])
+  if tiled and jnp.ndim(cache.end):
+    raise ValueError("a cache with an end per row takes single-token steps or an unblocked attention")
+  mask_BTS = None if tiled else ((q_slot_BT[:, :, None] >= jnp.arange(S)[None, None, :])
                                  & (segment_BT[:, :, None] == seg_BS[:, None, :]) & (seg_BS[:, None, :] > 0))
   layers = params["layers"]
   if isinstance(layers, dict):
