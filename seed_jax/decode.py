@@ -82,15 +82,17 @@ def start_rows(cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, stop_len: int, 
 
 
 def decode(params, rows: Rows, temperature, top_p, eos_E, stop_NL, stop_on_finish, *, spec: ModelSpec, dtype,
-            max_new: int, greedy: bool, top_k: int, use_top_p: bool) -> Rows:
+           max_new: int, greedy: bool, top_k: int, use_top_p: bool) -> Rows:
   """Samples on every live row until all are done or, with stop_on_finish, until a row that was live on entry
-  ends (the host then reads it and may refill it). Row b draws step n with fold_in(keys_B[b], n).
+  ends (the host then reads it and may refill it). Row b draws step n with fold_in(keys_B[b], n). `params`:
+  the model's, or prepare_params' for this dtype.
   eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1."""
   cache = rows.cache
   cache = cache.replace(k=tuple(constrain(k, ("batch", "kv_heads", "head_dim", "cache_length")) for k in cache.k),
                         v=tuple(constrain(v, ("batch", "kv_heads", "cache_length", "head_dim")) for v in cache.v))
   B = rows.done_B.shape[0]
-  params = tf.decode_params(tf.cast_params(params, dtype), dtype)  # split per layer once, outside the loop
+  if isinstance(params["layers"], dict):  # stacked: split per layer once, outside the loop (see prepare_params)
+    params = tf.decode_params(params, dtype)
   stop_len_N = jnp.sum(stop_NL >= 0, axis=1)
   done_on_entry_B = rows.done_B
   slot_N = jnp.arange(max_new)
@@ -124,6 +126,9 @@ def decode(params, rows: Rows, temperature, top_p, eos_E, stop_NL, stop_on_finis
   return jax.lax.while_loop(cond, body, rows.replace(cache=cache))
 
 
+# Decode-ready weights (transformer.decode_params) made once for many decode_rows calls, e.g. a refilling
+# rollout's, instead of once inside each call: a copy of the weights, held while those calls run.
+prepare_params = jax.jit(tf.decode_params, static_argnames=("dtype",))
 DECODE_STATIC = ("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p")
 decode_rows = jax.jit(decode, static_argnames=DECODE_STATIC, donate_argnums=(1,))
 

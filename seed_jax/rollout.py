@@ -1,5 +1,7 @@
-"""The multi-turn loop: every active env renders its single-turn prompt, one batched sampler call answers
-all of them, responses are parsed into actions and the pool steps the envs in parallel.
+"""The multi-turn loop: every active env renders its single-turn prompt, the sampler answers it, the response is
+parsed into an action and the pool steps the env. Turn by turn, one batched call answers all of a turn's
+prompts and the pool steps those envs in parallel; on rows that refill (seed_jax/slots.py) an episode goes on
+as soon as its own reply ends. Both play the same trajectories.
 
 Each step becomes a `Step` (an independent step-sample: prompt, response, sampled log-probs); each episode a
 `Trajectory` ending in "done", "max_steps", "env_error" or "context_overflow".

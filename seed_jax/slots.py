@@ -58,6 +58,7 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
   busy: dict[int, Request] = {}  # slot -> its request
   rows, Pn = None, 0
   with sampler._on_mesh():
+    ready = decode.prepare_params(params, dtype=static["dtype"])  # for every decode call below
     while waiting or busy:
       if waiting and len(busy) < S:
         take = [waiting.popleft() for _ in range(min(S - len(busy), len(waiting)))]
@@ -79,7 +80,7 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
       steps_before = int(rows.steps)
       t0 = time.perf_counter()
       # Stop at the first row that ends while anything may still refill it; otherwise run every row to its end.
-      rows = decode.decode_rows(params, rows, *floats, jnp.bool_(bool(waiting) or follows), **static)
+      rows = decode.decode_rows(ready, rows, *floats, jnp.bool_(bool(waiting) or follows), **static)
       done_B, lens_B, reason_B = jax.device_get((rows.done_B, rows.lengths_B, rows.reason_B))
       sampler.times["decode_s"] += time.perf_counter() - t0
       finished = [b for b in busy if done_B[b]]
