@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,6 @@ from seed_jax.models.spec import ModelSpec
 from seed_jax.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclasses.dataclass(frozen=True)

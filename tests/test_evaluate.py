@@ -140,7 +140,8 @@ def _stand_in_player(temperatures, temperature, played):
                        episode_return=1.0) for t, g in zip(tasks, group_ids)]
 
   tasks = [Task(task_id=f"g{k}", split="eval", env="textworld_express", spec={}, family="coin") for k in range(5)]
-  sampler = types.SimpleNamespace(rollout_fn=lambda params, sp, stop: sp)  # the episodes see the sampling params
+  # The episodes see the sampling params; turn by turn (slots.server reads cfg.refill).
+  sampler = types.SimpleNamespace(rollout_fn=lambda params, sp, stop: sp, cfg=types.SimpleNamespace(refill=False))
   rt = types.SimpleNamespace(cfg=cfg, eval_tasks={"eval": tasks}, pool=None, family=None, tokenizer=None,
                              stop_sequences=(), sampler=sampler)
   return rt, run_episodes
