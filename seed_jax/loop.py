@@ -17,6 +17,7 @@ from seed_jax import update as update_lib
 from seed_jax.infra import checkpoint as ckpt_lib
 from seed_jax.infra import distributed
 from seed_jax.infra import faults as faults_lib
+from seed_jax.infra import host_memory
 from seed_jax.infra import mesh as mesh_lib
 from seed_jax.infra import preflight
 from seed_jax.infra import stop as stop_lib
@@ -100,6 +101,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         restarts_seen = restarts
         if faults.plan:
           metrics["faults/fired_total"] = len(faults.fired)
+        metrics.update(host_memory.release())  # the update's host buffers are garbage now
         last = writer.write(u, metrics)
         log.info("%s", report.summary_line(u, total, last))
         if cfg.eval.every and (u + 1) % cfg.eval.every == 0 and u + 1 < total:
