@@ -40,11 +40,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   preflight.check_workdir(workdir)
   if cfg.warmstart.before_rl:
     from seed_jax import warmstart
-    if distributed.initialize(cfg.distributed) and not warmstart.is_cached(cfg):
-      raise distributed.SetupError(
-          f"warmstart.before_rl trains Stage 1 on one process and its cache {warmstart.cache_dir(cfg)} is empty: "
-          "run this config once on one process to fill it (on a folder every host reads), or set "
-          "model.path to a warm-started export and warmstart.before_rl=False")
+    distributed.initialize(cfg.distributed)  # [scale] on a pod every process takes part (its cache: a shared folder)
     cfg = warmstart.with_warm_policy(cfg)
   preflight.check_disk(workdir, cfg)
   rt = build(cfg)

@@ -42,26 +42,35 @@ def generate_once(cfg) -> str | None:
   return replies[0] if replies else None
 
 
+class StageInputError(Exception):
+  """(kind, message): a Stage-1 stage's input that an earlier stage (or the user) did not write."""
+
+
 def run_stage1(cfg) -> None:
   """collect -> annotate -> sft, each reading what the previous wrote in the same workdir; or warmstart."""
   import json
+  import jax
   from seed_jax import sft, stage1
   workdir = _WORKDIR.value or os.path.join("runs", f"{cfg.env.get('name', 'none')}-stage1")
   os.makedirs(workdir, exist_ok=True)
   print(f"seed_jax: stage {cfg.stage}, workdir {os.path.abspath(workdir)}")
-  if cfg.stage == "collect":
-    stats = stage1.collect(cfg, workdir)
-  elif cfg.stage == "annotate":
-    stats = stage1.annotate(cfg, workdir)
-  else:
-    from seed_jax import warmstart
-    out = warmstart.run(cfg, workdir) if cfg.stage == "warmstart" else sft.train(cfg, workdir)
-    stats = out["metrics"]
-    print(f"seed_jax: exported {out['export_dir']}; start RL with --config.model.path={out['export_dir']}")
-  with open(os.path.join(workdir, f"{cfg.stage}_stats.json"), "w") as f:
-    json.dump(stats, f, indent=2)
-  for k in sorted(stats):
-    print(f"  {k} = {stats[k]}")
+  try:
+    if cfg.stage == "collect":
+      stats = stage1.collect(cfg, workdir)
+    elif cfg.stage == "annotate":
+      stats = stage1.annotate(cfg, workdir)
+    else:
+      from seed_jax import warmstart
+      out = warmstart.run(cfg, workdir) if cfg.stage == "warmstart" else sft.train(cfg, workdir)
+      stats = out["metrics"]
+      print(f"seed_jax: exported {out['export_dir']}; start RL with --config.model.path={out['export_dir']}")
+  except FileNotFoundError as e:  # a stage's input that an earlier stage (or the user) did not write
+    raise StageInputError(f"{cfg.stage} error", _first_line(e)) from e
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, f"{cfg.stage}_stats.json"), "w") as f:
+      json.dump(stats, f, indent=2)
+    for k in sorted(stats):
+      print(f"  {k} = {stats[k]}")
 
 
 def main(argv):
@@ -83,9 +92,7 @@ def main(argv):
   if cfg.stage not in ("rl", "eval", "generate"):
     from seed_jax.infra import distributed
     try:
-      if distributed.initialize(cfg.distributed):
-        sys.exit(f"multi-host error: stage {cfg.stage!r} runs on one process (this job has several); only "
-                 "stages 'rl', 'eval' and 'generate' run multi-host (docs/pods.md)")
+      distributed.initialize(cfg.distributed)  # [scale] Stage 1 on a pod: every process runs the same command
     except distributed.SetupError as e:
       sys.exit(f"multi-host error: {e}")
   if cfg.stage == "generate":
@@ -94,10 +101,7 @@ def main(argv):
       print(reply)
     return
   if cfg.stage in ("collect", "annotate", "sft", "warmstart"):
-    try:
-      run_stage1(cfg)
-    except FileNotFoundError as e:  # a stage's input that an earlier stage (or the user) did not write
-      sys.exit(f"{cfg.stage} error: {_first_line(e)}")
+    _guarded(lambda: run_stage1(cfg))
     return
   from seed_jax import loop
   suffix = "-eval" if cfg.stage == "eval" else ""
@@ -147,6 +151,8 @@ def _guarded(fn):
     kind, message = "eval error", str(e)
   except EnvStartError as e:
     kind, message = "env error", e.line
+  except StageInputError as e:
+    kind, message = e.args
   except Exception as e:
     if not distributed.is_multi_process():
       raise

@@ -24,13 +24,14 @@ import ml_collections
 import numpy as np
 import optax
 import tqdm
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seed_jax import packing, records, stage1
 from seed_jax import update as update_lib
 from seed_jax.buckets import CompileCounter, bucket, pow2_sizes
 from seed_jax.infra import checkpoint as ckpt_lib
-from seed_jax.infra.mesh import make_mesh
+from seed_jax.infra import distributed
 from seed_jax.infra.metrics import MetricsWriter
 from seed_jax.models import load
 from seed_jax.models import tokenizer as tokenizer_lib
@@ -142,15 +143,26 @@ def nll_sums(params, batch: Packed, *, spec: ModelSpec, dtype, chunk: int, remat
   return -jnp.sum(logp_RK), jnp.sum(batch.kmask_RK).astype(jnp.float32)
 
 
+def place(batch: Packed, micro_rows: int, mesh) -> Packed:
+  """A packed step as device arrays [micro-batches, micro_rows, ...]: each micro-batch's rows split over
+  data x fsdp where they divide (every process supplying its own block of them), else whole on every device."""
+  M = batch.tokens_RL.shape[0] // micro_rows
+  grouped = jax.tree.map(lambda x: np.asarray(x).reshape((M, micro_rows) + x.shape[1:]), batch)
+  if micro_rows % (mesh.shape["data"] * mesh.shape["fsdp"]):
+    whole = NamedSharding(mesh, P())
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(whole, x, x.shape), grouped)
+  lo, n = distributed.row_block(mesh, micro_rows)
+  return distributed.global_batch(jax.tree.map(lambda x: x[:, lo:lo + n], grouped), mesh, axis=1)
+
+
 def make_step_fns(spec: ModelSpec, optimizer: optax.GradientTransformation, cfg: ml_collections.ConfigDict):
-  """Jitted (train_step(state, batch) -> (state, metrics), eval_sums(params, batch) -> (nll sum, tokens))."""
+  """Jitted (train_step(state, batch) -> (state, metrics), eval_sums(params, batch) -> (nll sum, tokens)) over
+  batches laid out by `place` (micro-batches first)."""
   kw = dict(spec=spec, dtype=jnp.dtype(cfg.dtype), chunk=cfg.vocab_chunk, remat=cfg.remat)
   grad_fn = jax.value_and_grad(lambda p, mb: nll_sums(p, mb, **kw)[0])
 
-  def train_step(state: update_lib.TrainState, batch: Packed):
-    R, micro = batch.tokens_RL.shape[0], cfg.micro_rows
-    n_tok = jnp.maximum(jnp.sum(batch.kmask_RK), 1).astype(jnp.float32)
-    mbs = jax.tree.map(lambda x: x.reshape((R // micro, micro) + x.shape[1:]), batch)
+  def train_step(state: update_lib.TrainState, mbs: Packed):
+    n_tok = jnp.maximum(jnp.sum(mbs.kmask_RK), 1).astype(jnp.float32)
 
     def body(carry, mb):
       grads, total = carry
@@ -170,7 +182,12 @@ def make_step_fns(spec: ModelSpec, optimizer: optax.GradientTransformation, cfg:
     state = jax.lax.cond(ok, apply, lambda s: s.replace(skipped=s.skipped + 1), state)
     return state, dict(loss=loss, grad_norm=grad_norm, tokens=n_tok)
 
-  return jax.jit(train_step, donate_argnums=0), jax.jit(functools.partial(nll_sums, **kw))
+  def eval_sums(params, mbs: Packed):
+    def body(carry, mb):
+      return jax.tree.map(jnp.add, carry, nll_sums(params, mb, **kw)), None
+    return jax.lax.scan(body, (jnp.float32(0), jnp.float32(0)), mbs)[0]
+
+  return jax.jit(train_step, donate_argnums=0), jax.jit(eval_sums)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -209,16 +226,23 @@ def validation_loss(eval_fn, params, val: Sequence[Example], cfg: ml_collections
   for start in range(0, len(val), cfg.batch_size):
     batch = pack(val[start:start + cfg.batch_size], cfg.max_len, cfg.min_len_bucket, cfg.micro_rows)
     with jax.set_mesh(mesh):
-      s, c = jax.device_get(eval_fn(params, batch))
+      s, c = jax.device_get(eval_fn(params, place(batch, cfg.micro_rows, mesh)))
     total, count = total + float(s), count + float(c)
   return total / max(count, 1.0)
 
 
 def export(params, spec: ModelSpec, tok: tokenizer_lib.Tokenizer, out_dir: str) -> None:
   """An HF checkpoint folder (config, safetensors, tokenizer files) that load.load_model and
-  load.load_tokenizer read back, and that RL starts from (--config.model.path=out_dir)."""
-  weights.export_hf(params, spec, out_dir)
-  tok.hf.save_pretrained(out_dir)
+  load.load_tokenizer read back, and that RL starts from (--config.model.path=out_dir). With several processes
+  every process takes part in gathering the weights, process 0 writes them, and all return once they are on
+  disk."""
+  if jax.process_count() > 1:
+    params = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), params)
+  if distributed.is_writer():
+    weights.export_hf(params, spec, out_dir)
+    tok.hf.save_pretrained(out_dir)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"sft export {out_dir}")
 
 
 def _on_mesh(tree, mesh):
@@ -236,7 +260,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
   sc = cfg.sft  # its values are config.validate's
   data_path = sc.data or os.path.join(workdir, stage1.RECORDS_FILE)
   export_dir = sc.export_dir or os.path.join(workdir, "export")
-  mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
+  mesh = stage1.stage_mesh(cfg, mesh)
   spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
@@ -269,7 +293,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
       fresh = compiles.see(batch.tokens_RL.shape + batch.idx_RK.shape)
       t0 = time.perf_counter()
       with jax.set_mesh(mesh):
-        state, m = train_step(state, batch)
+        state, m = train_step(state, place(batch, sc.micro_rows, mesh))
       m = jax.device_get(m)
       seconds = time.perf_counter() - t0
       tokens = float((batch.segment_RL > 0).sum())
@@ -289,8 +313,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, 
     stats.update({"sft/train_records": len(data.train), "sft/val_records": len(data.val),
                   "sft/dropped_records": data.dropped, "sft/steps": total,
                   "sft/tokens_per_s_steady": timed[0] / timed[1] if timed[1] else None})
-    with open(os.path.join(workdir, "sft_stats.json"), "w") as f:
-      json.dump(stats, f, indent=2)
+    if distributed.is_writer():
+      with open(os.path.join(workdir, "sft_stats.json"), "w") as f:
+        json.dump(stats, f, indent=2)
     log.info("sft: done; exported to %s", export_dir)
     return {"metrics": stats, "state": state, "export_dir": export_dir}
   finally:

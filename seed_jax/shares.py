@@ -8,7 +8,7 @@ order of the step-samples (`MinibatchDraw`), so they hold the same samples for a
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -17,10 +17,34 @@ from seed_jax.buckets import TokenCount
 from seed_jax.envs.base import Trajectory
 from seed_jax.infra import distributed
 
+T = TypeVar("T")
+
 
 def my_tasks(n: int) -> list[int]:
   """This process's positions among `n` tasks (or panel episodes) every process lists identically."""
-  return distributed.host_slice(list(range(n)), jax.process_index(), jax.process_count())
+  return my_share(range(n))
+
+
+def my_share(items: Sequence[T]) -> list[T]:
+  """This process's items of a list every process holds identically (round-robin: items[p::P])."""
+  return distributed.host_slice(items, jax.process_index(), jax.process_count())
+
+
+def gather_shares(mine: Sequence[T]) -> list[T]:
+  """The inverse of `my_share`: every process's items back in the order of the list they were shared from."""
+  if jax.process_count() == 1:
+    return list(mine)
+  parts = distributed.allgather_objects(list(mine))
+  out: list = [None] * sum(map(len, parts))
+  for p, part in enumerate(parts):
+    out[p::len(parts)] = part
+  return out
+
+
+def from_writer(fn: Callable[[], T]) -> T:
+  """fn() as process 0 computes it (it alone reads, repairs and writes the workdir's files), on every process;
+  no process returns before process 0 has run it."""
+  return distributed.allgather_objects(fn() if distributed.is_writer() else None)[0]
 
 
 def _slim(t: Trajectory) -> Trajectory:

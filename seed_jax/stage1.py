@@ -18,12 +18,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from seed_jax import analyzers, sft_oracle, skills, slots
+from seed_jax import analyzers, sft_oracle, shares, skills, slots
 from seed_jax.config import sampling
 from seed_jax.envs import get_family
 from seed_jax.envs.base import Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
-from seed_jax.infra.mesh import make_mesh
+from seed_jax.infra import distributed
+from seed_jax.infra.mesh import mesh_from_config
 from seed_jax.models import load
 from seed_jax.records import append_records, read_records, unique, write_records
 from seed_jax.rollout import run_episodes
@@ -78,19 +79,29 @@ def collection_tasks(cfg: ml_collections.ConfigDict) -> list[Task]:
   return tasks_for_update(panel, 0, cfg.collect.num_tasks, cfg.seed)
 
 
+def stage_mesh(cfg: ml_collections.ConfigDict, mesh=None):
+  """`mesh`, or config.mesh over every device of every process; with several processes each must own a block
+  of the rows (its own episodes' or records')."""
+  mesh = mesh if mesh is not None else mesh_from_config(cfg.mesh)
+  if jax.process_count() > 1:
+    distributed.check_row_split(mesh)
+  return mesh
+
+
 def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, float]:
   """Rolls out the base policy on N tasks x K rollouts; appends one line per finished task group. `mesh`
-  defaults to config.mesh.shape over all devices."""
+  defaults to config.mesh.shape over all devices. With several processes each plays its share of every batch's
+  task groups (shares.my_tasks) and process 0 appends all of them: the file one process writes."""
   cc = cfg.collect
   path = cc.output or os.path.join(workdir, TRAJECTORIES_FILE)
   tasks = collection_tasks(cfg)
-  done = unique(read_records(path, repair=True), lambda r: r["task_index"])
-  pending = [i for i in range(len(tasks)) if i not in done]
+  done = shares.from_writer(lambda: sorted(unique(read_records(path, repair=True), lambda r: r["task_index"])))
+  pending = [i for i in range(len(tasks)) if i not in set(done)]
   log.info("collect: %d of %d task groups already in %s; %d to go", len(done), len(tasks), path, len(pending))
   stats = {"collect/groups_done_before": float(len(done)), "collect/groups_written": 0.0}
   if not pending:
     return stats
-  mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
+  mesh = stage_mesh(cfg, mesh)
   spec, params = load.load_model(cfg.model.path, mesh)
   spec = spec.with_attention(cfg.model)
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
@@ -104,16 +115,19 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   K, per = cc.rollouts, min(cc.tasks_per_batch, len(pending))
   n_traj = n_ok = n_steps = 0
   t0 = time.perf_counter()
-  with EnvPool(family, cfg.env, per * K) as pool:
+  with EnvPool(family, cfg.env, -(-per // jax.process_count()) * K) as pool:
     for start in range(0, len(pending), per):
       idx = pending[start:start + per]
-      trajs = run_episodes(pool, family, cfg.env, [tasks[i] for i in idx for _ in range(K)],
-                           [i for i in idx for _ in range(K)], [k for _ in idx for k in range(K)], generate, tok,
-                           jax.random.fold_in(jax.random.key(cfg.seed), idx[0]),
-                           max_prompt_tokens=cfg.model.max_prompt_tokens, serve=serve)
-      append_records(path, [dict(task_index=i, task=tasks[i].to_json(),
-                                 trajectories=[traj_to_json(t) for t in trajs[j * K:(j + 1) * K]])
-                            for j, i in enumerate(idx)])
+      mine = [(j, k) for j in shares.my_tasks(len(idx)) for k in range(K)]  # episode j * K + k of the batch
+      trajs = run_episodes(pool, family, cfg.env, [tasks[idx[j]] for j, _ in mine], [idx[j] for j, _ in mine],
+                           [k for _, k in mine], generate, tok, jax.random.fold_in(jax.random.key(cfg.seed), idx[0]),
+                           max_prompt_tokens=cfg.model.max_prompt_tokens, episode_ids=[j * K + k for j, k in mine],
+                           serve=serve)
+      trajs = shares.gather_trajectories(trajs)  # every group's, in (task, rollout) order
+      if distributed.is_writer():
+        append_records(path, [dict(task_index=i, task=tasks[i].to_json(),
+                                   trajectories=[traj_to_json(t) for t in trajs[j * K:(j + 1) * K]])
+                              for j, i in enumerate(idx)])
       n_traj += len(trajs)
       n_ok += sum(t.success for t in trajs)
       n_steps += sum(t.length for t in trajs)
@@ -124,7 +138,7 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   stats.update({"collect/groups_written": float(len(pending)), "collect/trajectories": float(n_traj),
                 "collect/trajectories_per_min": n_traj / minutes, "collect/success": n_ok / max(n_traj, 1),
                 "collect/steps_per_trajectory": n_steps / max(n_traj, 1), "collect/minutes": minutes})
-  return stats
+  return shares.from_writer(lambda: stats)  # once process 0 has appended the last groups
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -133,7 +147,8 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
 
 @dataclasses.dataclass
 class _Backend:
-  """Replies for a chunk: `reply(items, prompts)` with items = [(task index, trajectory)]."""
+  """Replies for a chunk: `reply(items, prompts)` with items = [(task index, trajectory)]; `stats()` counts over
+  every process."""
   reply: Callable[[list[tuple[int, Trajectory]], list[str]], list[str]]
   count_tokens: Callable[[str], int]
   stats: Callable[[], dict[str, int]]
@@ -143,19 +158,22 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
   ac = cfg.annotate
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)  # the policy's, which SFT trains
   count = lambda s: len(tok.encode_chat(s))
-  if ac.analyzer == "oracle":
+  if ac.analyzer == "oracle":  # each process searches its share of the tasks; every process gets every path
     by_task = {i: t.task for i, t in items}
-    golds = sft_oracle.fetch_gold_paths(get_family(cfg.env.name), cfg.env, list(by_task.values()), ac.gold_envs)
-    gold = dict(zip(by_task, golds))
+    ids = shares.my_share(sorted(by_task))
+    found = sft_oracle.fetch_gold_paths(get_family(cfg.env.name), cfg.env, [by_task[i] for i in ids], ac.gold_envs)
+    gold = {i: g for part in distributed.allgather_objects(dict(zip(ids, found))) for i, g in part.items()}
     thr = cfg.analyzer.success_threshold
-    log.info("annotate: gold paths for %d of %d tasks", sum(g is not None for g in golds), len(golds))
+    log.info("annotate: gold paths for %d of %d tasks", sum(g is not None for g in gold.values()), len(gold))
     return _Backend(lambda chunk, _: [sft_oracle.oracle_reply(t, gold[i], thr) for i, t in chunk], count,
-                    lambda: {"tasks_without_gold": sum(g is None for g in golds)})
+                    lambda: {"tasks_without_gold": sum(g is None for g in gold.values())})
+  summed = lambda stats: lambda: {k: sum(part[k] for part in distributed.allgather_objects(stats.as_dict()))
+                                  for k in stats.as_dict()}  # every process's requests
   if ac.analyzer == "external":
     analyzer = analyzers.ExternalAnalyzer(cfg.analyzer.external)
-    return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, analyzer.stats.as_dict)
+    return _Backend(lambda _, prompts: analyzer.analyze(prompts), count, summed(analyzer.stats))
   if ac.analyzer == "local":
-    mesh = mesh if mesh is not None else make_mesh(tuple(cfg.mesh.shape))
+    mesh = stage_mesh(cfg, mesh)
     spec, params = load.load_model(ac.local_model_path, mesh)
     spec = spec.with_attention(cfg.model)
     ltok = load.load_tokenizer(ac.local_model_path)
@@ -166,7 +184,7 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
         lambda texts: sampler.generate_text(params, texts, jax.random.key(cfg.seed), sp, ltok))
     # Prompts must fit both the SFT'd policy and the annotating model.
     return _Backend(lambda _, prompts: analyzer.analyze(prompts),
-                    lambda s: max(count(s), len(ltok.encode_chat(s))), analyzer.stats.as_dict)
+                    lambda s: max(count(s), len(ltok.encode_chat(s))), summed(analyzer.stats))
   raise ValueError(f"annotate.analyzer={ac.analyzer!r}; allowed: {ANALYZERS}")
 
 
@@ -180,36 +198,41 @@ def annotate(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[st
   out_path = ac.output or os.path.join(workdir, RECORDS_FILE)
   collected = load_trajectories(in_path)
   usable = [(i, t) for i, t in collected if t.steps and t.termination != "env_error"]
-  done = unique(read_records(log_path, repair=True), lambda r: (r["task_index"], r["traj_id"]))
+  done = set(shares.from_writer(lambda: sorted(unique(read_records(log_path, repair=True),
+                                                lambda r: (r["task_index"], r["traj_id"])))))
   pending = [(i, t) for i, t in usable if (i, t.traj_id) not in done]
   log.info("annotate (%s): %d trajectories, %d usable, %d already analysed", ac.analyzer, len(collected),
            len(usable), len(usable) - len(pending))
   backend_stats: dict[str, int] = {}
-  if pending:
+  if pending:  # with several processes each analyses its share of every chunk; process 0 logs the whole chunk
+    chunks = [pending[start:start + ac.chunk] for start in range(0, len(pending), ac.chunk)]
     backend = _backend(cfg, pending, mesh)
     thr = cfg.analyzer.success_threshold
-    for start in range(0, len(pending), ac.chunk):
-      chunk = pending[start:start + ac.chunk]
-      prompts = [skills.analysis_prompt_fitted(t, backend.count_tokens, ac.max_prompt_tokens, thr) for _, t in chunk]
-      replies = backend.reply(chunk, prompts)
-      if len(replies) != len(chunk):
-        raise ValueError(f"analyzer returned {len(replies)} replies for {len(chunk)} prompts")
+    for n, chunk in enumerate(chunks):
+      mine = shares.my_share(chunk)
+      prompts = [skills.analysis_prompt_fitted(t, backend.count_tokens, ac.max_prompt_tokens, thr) for _, t in mine]
+      replies = backend.reply(mine, prompts)  # collective for the "local" analyzer
+      if len(replies) != len(mine):
+        raise ValueError(f"analyzer returned {len(replies)} replies for {len(mine)} prompts")
       lines = []
-      for (i, t), prompt, reply in zip(chunk, prompts, replies):
+      for (i, t), prompt, reply in zip(mine, prompts, replies):
         p = skills.parse_skill(reply)
         lines.append(dict(task_index=i, traj_id=t.traj_id, task_id=t.task.task_id,
                           success=skills.is_success(t, thr), analyzer=ac.analyzer, ok=p.ok, error=p.error,
                           prompt=prompt, reply=reply,
                           response=skills.format_skill_json(p.summary or "", p.skill) if p.ok else None))
-      append_records(log_path, lines)
-      log.info("annotate: %d/%d analysed", len(usable) - len(pending) + start + len(chunk), len(usable))
-    backend_stats = backend.stats()
-  return _write_records(read_records(log_path), usable, out_path, backend_stats)
+      lines = shares.gather_shares(lines)
+      if distributed.is_writer():
+        append_records(log_path, lines)
+      log.info("annotate: %d/%d analysed", len(usable) - len(pending) + n * ac.chunk + len(chunk), len(usable))
+    backend_stats = backend.stats()  # over every process (collective)
+  return shares.from_writer(lambda: _write_records(read_records(log_path), usable, out_path, backend_stats))
 
 
 def _write_records(log_lines: list[dict], usable: list[tuple[int, Trajectory]], out_path: str,
                    backend_stats: dict[str, int]) -> dict[str, float]:
-  """Writes the kept records (in trajectory order) to `out_path` at once (temporary file + rename)."""
+  """Writes the kept records (in trajectory order) to `out_path` at once (temporary file + rename); process 0
+  only."""
   by_key = unique(log_lines, lambda r: (r["task_index"], r["traj_id"]))
   rows = [by_key[(i, t.traj_id)] for i, t in usable if (i, t.traj_id) in by_key]
   kept = [r for r in rows if r["ok"]]

@@ -36,10 +36,11 @@ import tqdm
 
 from seed_jax import hindsight
 from seed_jax import records as records_lib
-from seed_jax import report, sft_oracle, skills, stage1, templates
+from seed_jax import report, sft_oracle, shares, skills, stage1, templates
 from seed_jax.envs import get_family
 from seed_jax.envs.base import EnvError, Step, Task, Trajectory
 from seed_jax.envs.pool import EnvPool
+from seed_jax.infra import distributed
 from seed_jax.models import load
 from seed_jax.models import tokenizer as tokenizer_lib
 from seed_jax.rollout import fit_prompt
@@ -59,6 +60,8 @@ SELF_PLAY_RECORDS = "self_play_records.jsonl"
 _KEY_FIELDS = ("model.path", "model.tokenizer", "model.max_prompt_tokens", "env", "warmstart", "sft", "seed",
                "analyzer.max_prompt_tokens", "analyzer.success_threshold")
 # ... and with self-play, how the episodes are sampled.
+# Env settings of how the simulator processes run, not of what they play: left out of the key.
+_RUNTIME_ENV_FIELDS = ("jvm_options", "step_timeout_s", "reset_timeout_s", "start_timeout_s")
 _SELF_PLAY_KEY_FIELDS = ("rollout.temperature", "rollout.top_p", "rollout.top_k", "rollout.max_new_tokens",
                          "rollout.stop_strings", "sampler.dtype")
 
@@ -242,25 +245,35 @@ def write_records(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, flo
   + rename), unless a complete file is already there."""
   check_gold_paths(cfg)
   path = os.path.join(workdir, RECORDS_FILE)
-  if os.path.exists(path):
-    records = records_lib.read_records(path)
-    log.info("warm start: %d records already in %s", len(records), path)
-    return _stats(records)
+  if (stats := shares.from_writer(lambda: _stats(records_lib.read_records(path)) if os.path.exists(path)
+                                  else None)) is not None:
+    log.info("warm start: records already in %s", path)
+    return stats
   family = get_family(cfg.env.name)
   tok = load.load_tokenizer(cfg.model.tokenizer or cfg.model.path)
   tasks = demo_tasks(cfg)
   max_steps = cfg.warmstart.max_steps or cfg.env.max_steps
-  with EnvPool(family, cfg.env, max(1, min(cfg.warmstart.envs, len(tasks)))) as pool:
-    trajs, golds = play_demos(pool, family, cfg.env, tok, tasks, max_prompt_tokens=cfg.model.max_prompt_tokens,
-                              max_steps=max_steps, reasoning=cfg.warmstart.reasoning)
+  mine = shares.my_tasks(len(tasks))  # with several processes each plays its share of the demos
+  with EnvPool(family, cfg.env, max(1, min(cfg.warmstart.envs, len(mine)))) as pool:
+    trajs, golds = play_demos(pool, family, cfg.env, tok, [tasks[i] for i in mine],
+                              max_prompt_tokens=cfg.model.max_prompt_tokens, max_steps=max_steps,
+                              reasoning=cfg.warmstart.reasoning)
+  for t in trajs:
+    t.group_id = mine[t.group_id]
+  played = sorted((pair for part in distributed.allgather_objects(list(zip(trajs, golds))) for pair in part),
+                  key=lambda tg: tg[0].group_id)
+  trajs, golds = [t for t, _ in played], [g for _, g in played]
   if not trajs:
     raise ValueError(f"environment {cfg.env.name!r} gave no gold path for any of {len(tasks)} demo tasks")
-  records = build_records(trajs, golds, cfg, tok)
-  records_lib.write_records(path, records)
-  stats = _stats(records)
+
+  def write() -> dict[str, float]:
+    records = build_records(trajs, golds, cfg, tok)
+    records_lib.write_records(path, records)
+    log.info("warm start: %d demo episodes -> %d records in %s", len(trajs), len(records), path)
+    return _stats(records)
+  stats = shares.from_writer(write)
   stats["warmstart/demo_tasks"] = float(len(trajs))
   stats["warmstart/demo_success"] = sum(t.success for t in trajs) / len(trajs)
-  log.info("warm start: %d demo episodes -> %d records in %s", len(trajs), len(records), path)
   return stats
 
 
@@ -302,11 +315,12 @@ def write_self_play_records(cfg: ml_collections.ConfigDict, workdir: str, policy
   <workdir>/self_play_records.jsonl at once, unless they are already there. Returns the records' counts and the
   episodes' rollout metrics (warmstart/self_play/*)."""
   path = os.path.join(workdir, SELF_PLAY_RECORDS)
-  if not os.path.exists(path):
-    stage1.collect(self_play_config(cfg, workdir, policy), workdir, mesh)
+  written = shares.from_writer(lambda: os.path.exists(path))
+  if not written:
+    stage1.collect(self_play_config(cfg, workdir, policy), workdir, mesh)  # collective
   trajs = [t for _, t in stage1.load_trajectories(os.path.join(workdir, SELF_PLAY_TRAJECTORIES))]
-  if not os.path.exists(path):
-    records_lib.write_records(path, self_play_records(cfg, workdir, trajs))
+  if not written:  # process 0 searches the gold paths and writes; the others wait for the file
+    shares.from_writer(lambda: records_lib.write_records(path, self_play_records(cfg, workdir, trajs)))
   stats = _stats(records_lib.read_records(path))
   stats.update({k: v for k, v in report.rollout_metrics(trajs, "warmstart/self_play").items()
                 if not k.endswith("response_tokens")})  # collected episodes keep no token ids
@@ -332,7 +346,7 @@ def _demo_pass(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, 
   folder = os.path.join(workdir, DEMO_DIR)
   c = sft_config(cfg, folder, os.path.join(workdir, RECORDS_FILE))
   done = os.path.join(folder, "sft_stats.json")
-  if os.path.exists(done):
+  if shares.from_writer(lambda: os.path.exists(done)):
     with open(done) as f:
       return {"metrics": json.load(f), "export_dir": c.sft.export_dir}
   return sft.train(c, folder, mesh)
@@ -362,6 +376,7 @@ def cache_key(cfg: ml_collections.ConfigDict) -> str:
   """A short hash of every setting that shapes the warm-started weights."""
   d = cfg.to_dict()
   d["warmstart"] = {k: v for k, v in d["warmstart"].items() if k not in ("before_rl", "cache_dir")}
+  d["env"] = {k: v for k, v in d["env"].items() if k not in _RUNTIME_ENV_FIELDS}
   picked = {}
   for field in _KEY_FIELDS + (_SELF_PLAY_KEY_FIELDS if cfg.warmstart.self_play_rollouts else ()):
     node = d
@@ -391,17 +406,20 @@ def ensure_warm_policy(cfg: ml_collections.ConfigDict, mesh=None) -> str:
   trained there first (an interrupted warm start resumes)."""
   folder = cache_dir(cfg)
   export, done = os.path.join(folder, EXPORT_DIR), os.path.join(folder, DONE_FILE)
-  if os.path.exists(done):
+  if shares.from_writer(lambda: os.path.exists(done)):
     print(f"seed_jax: warm-started policy from the cache, {export}")
     return export
   plays = " + self-play" if cfg.warmstart.self_play_rollouts else ""
   print(f"seed_jax: warm start (gold-path demos{plays} + analyzer records, SFT) into {folder}")
-  out = run(cfg, folder, mesh)
-  with open(done, "w") as f:  # written last: a folder without it is an unfinished warm start, resumed next time
-    json.dump(out["metrics"], f, indent=2, default=float)
-  from seed_jax import sft
-  for scratch in (sft.CHECKPOINT_DIR, DEMO_DIR):  # the export is what the cache keeps
-    shutil.rmtree(os.path.join(folder, scratch), ignore_errors=True)
+  out = run(cfg, folder, mesh)  # collective: every process of a pod takes part
+
+  def finish() -> None:
+    with open(done, "w") as f:  # written last: a folder without it is an unfinished warm start, resumed next time
+      json.dump(out["metrics"], f, indent=2, default=float)
+    from seed_jax import sft
+    for scratch in (sft.CHECKPOINT_DIR, DEMO_DIR):  # the export is what the cache keeps
+      shutil.rmtree(os.path.join(folder, scratch), ignore_errors=True)
+  shares.from_writer(finish)
   return out["export_dir"]
 
 

@@ -392,3 +392,51 @@ def test_data_axes_that_do_not_split_over_the_processes_are_one_line(tiny_model_
   # Both meet the error; the first to post it names itself, and the other ends with that line.
   assert lines[0] == lines[1] and re.match(r"multi-host error: process [01] of 2 \(.+\): data x fsdp = 1 devices "
                                            r"do not divide over 2 processes", lines[0]), lines
+
+
+STAGE1_CONFIG = """
+from configs import textworld_express as twx
+from seed_jax.config import validate
+
+
+def get_config():
+  c = twx.get_config({stage!r})
+  c.model.path, c.model.max_prompt_tokens, c.log.tensorboard = {model!r}, 512, False
+  c.env.max_steps = 2
+  # 3 task groups of 2 rollouts (process 0 plays tasks 0 and 2, process 1 task 1), oracle annotation
+  c.collect.num_tasks, c.collect.rollouts, c.collect.tasks_per_batch, c.collect.max_new_tokens = 3, 2, 3, 8
+  c.annotate.max_prompt_tokens, c.annotate.chunk, c.annotate.gold_envs = 1024, 3, 2
+  # 3 demo tasks and 2 self-play episodes; SFT rows 8 to a micro-batch: each process supplies its 4
+  c.warmstart.num_tasks, c.warmstart.envs, c.warmstart.self_play_rollouts = 3, 2, 2
+  c.rollout.max_new_tokens, c.analyzer.max_prompt_tokens = 8, 1024
+  c.sft.epochs, c.sft.batch_size, c.sft.max_len, c.sft.val_frac, c.sft.micro_rows = 1, 4, 1024, 0.25, 8
+  c.sft.lr, c.sft.schedule = 1e-3, "constant"
+  c.distributed.initialization_timeout_s, c.distributed.heartbeat_timeout_s = 60, 10
+  validate(c)
+  return c
+"""
+
+
+def test_stage1_and_the_warm_start_on_two_processes_equal_one(tiny_model_dir, tmp_path):
+  """collect -> annotate (oracle) and a warm start with self-play (demos, SFT, self-play collection, SFT again)
+  on 2 processes x 4 devices write the 1 x 8 files: the same trajectories, annotations and records exactly, and
+  exported weights equal to fp32 summation order (the same rows on the same 8-device mesh; only the
+  cross-process reductions group them differently)."""
+  from seed_jax.models import load
+  dirs = {}
+  for processes, devices in ((1, 8), (2, 4)):
+    workdir = dirs[processes] = str(tmp_path / f"{processes}x{devices}")
+    for stage in ("collect", "annotate", "warmstart"):
+      cfg_file = tmp_path / f"cfg_{stage}.py"
+      cfg_file.write_text(STAGE1_CONFIG.format(stage=stage, model=tiny_model_dir))
+      procs = _launch(cfg_file, workdir, processes, devices)
+      outs = _wait(procs, timeout=600)
+      assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
+  read = lambda d, name: [json.loads(line) for line in open(os.path.join(dirs[d], name))]
+  for name in ("trajectories.jsonl", "annotations.jsonl", "sft_records.jsonl", "warmstart_records.jsonl",
+               "self_play_trajectories.jsonl", "self_play_records.jsonl"):
+    assert read(1, name) == read(2, name), name
+  assert len(read(1, "trajectories.jsonl")) == 3 and len(read(1, "self_play_trajectories.jsonl")) == 2
+  one, two = (jax.tree.map(np.asarray, load.load_model(os.path.join(dirs[d], "export"))[1]) for d in (1, 2))
+  init = _init(tiny_model_dir)
+  _assert_same_change(one, two, init, rtol=1e-5, off_frac=0.0)

@@ -246,6 +246,11 @@ def test_self_play_config_and_cache_key(tmp_path):
   assert warmstart.cache_key(c) == key
   c.warmstart.analyzer_source = "oracle"
   assert warmstart.cache_key(c) != key
+  key = warmstart.cache_key(c)  # how the simulators run is not what they play
+  c.env.step_timeout_s, c.env.start_timeout_s = 7.0, 9.0
+  assert warmstart.cache_key(c) == key
+  c.env.max_steps += 1
+  assert warmstart.cache_key(c) != key
 
 
 @pytest.mark.slow
