@@ -27,7 +27,7 @@ JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 test: venv
-	$(BIN)/python -m pytest -q $(XDIST) tests $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 tests $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q $(XDIST) tests -m "not slow" $(ARGS)
