@@ -148,11 +148,7 @@ class Sampler:
     if len(images) != len(prompts):
       raise ValueError(f"{len(images)} images for {len(prompts)} prompts: give one (or None) per prompt")
     for i, p in enumerate(prompts):
-      if len(p) == 0:
-        raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-      if len(p) > self.cfg.max_prompt_len:
-        raise ValueError(f"prompt {i} has {len(p)} tokens, more than sampler max_prompt_len="
-                         f"{self.cfg.max_prompt_len}; truncate it before sampling")
+      self.check_prompt(i, p)
     stop_NL = _stop_array(stop_sequences)
     row_ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
     out: list[Generation] = []
@@ -162,6 +158,14 @@ class Sampler:
       out += self._generate_batch(params, prompts[start:start + step], key, row_ids[start:start + step], sp,
                                   stop_NL, images[start:start + step])
     return out
+
+  def check_prompt(self, i: int, prompt: Sequence[int]) -> None:
+    """Prompt i must hold 1 to max_prompt_len tokens."""
+    if len(prompt) == 0:
+      raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+    if len(prompt) > self.cfg.max_prompt_len:
+      raise ValueError(f"prompt {i} has {len(prompt)} tokens, more than sampler max_prompt_len="
+                       f"{self.cfg.max_prompt_len}; truncate it before sampling")
 
   def generate_text(self, params, texts: Sequence[str], key, sp: SamplingParams, tokenizer: Tokenizer,
                     stop_sequences: Sequence[Sequence[int]] = ()) -> list[str]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from seed_jax import decode
 from seed_jax.buckets import TokenCount, bucket
-from seed_jax.sample import Generation, Sampler, SamplingParams, _distinct, _stop_array
+from seed_jax.sample import Generation, Sampler, SamplingParams, _distinct, _stop_array, row_keys
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
   waiting = collections.deque(requests)
   if not waiting:
     return
-  for r in waiting:
-    _check(sampler, r)
+  for n, r in enumerate(waiting):
+    sampler.check_prompt(n, r.ids)
   S = bucket(min(len(waiting), sampler.batch_sizes[-1]), sampler.batch_sizes, "batch")
   stop_NL = jnp.asarray(_stop_array(stop_sequences))
   static = sampler._decode_static(sp)
@@ -90,14 +90,8 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
       sampler.tokens.add(TokenCount(response_forwarded=S * (int(rows.steps) - steps_before),
                                     response_real=int(sum(lens_B[b] for b in finished))))
       for r in on_done(out):
-        _check(sampler, r)
+        sampler.check_prompt(len(waiting), r.ids)  # its place in the queue
         waiting.append(r)
-
-
-def _check(sampler: Sampler, r: Request) -> None:
-  if not 0 < len(r.ids) <= sampler.cfg.max_prompt_len:
-    raise ValueError(f"a prompt of {len(r.ids)} tokens: every prompt needs 1 to sampler max_prompt_len="
-                     f"{sampler.cfg.max_prompt_len} tokens")
 
 
 def _fill(sampler: Sampler, params, rows: decode.Rows, take: list[Request], free: list[int], Pn: int, max_new: int):
@@ -121,7 +115,7 @@ def generate(sampler: Sampler, params, prompts: Sequence[Sequence[int]], key, sp
   """Sampler.generate's results (row r draws with fold_in(key, row_ids[r])), on rows that refill: more prompts
   than slots flow through the slots instead of running as batches one after the other."""
   row_ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
-  keys = decode_keys(key, row_ids)
+  keys = list(row_keys(key, row_ids))
   images = [None] * len(prompts) if images is None else list(images)
   out: dict[int, Generation] = {}
 
@@ -142,8 +136,3 @@ def server(sampler: Sampler, params, sp: SamplingParams, stop_sequences: Sequenc
     return None
   return lambda requests, on_done: serve(sampler, params, requests, sp, on_done, stop_sequences)
 
-
-def decode_keys(key, row_ids: Sequence[int]) -> list[jax.Array]:
-  """Each row's key as sample.row_keys gives it."""
-  keys_B = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.asarray(row_ids, jnp.uint32))
-  return list(keys_B)

@@ -140,3 +140,13 @@ def test_refilling_rollout_plays_the_turn_by_turn_trajectories(embedded_tokenize
       np.testing.assert_allclose(x.logps, y.logps, atol=1e-6)
   assert r_tokens.response_real == t_tokens.response_real
   assert r_tokens.response_forwarded < t_tokens.response_forwarded
+
+
+@pytest.mark.parametrize("prompt,message", [([], "prompt 1 is empty"),
+                                            (list(range(3, 36)), "prompt 1 has 33 tokens, more than sampler "
+                                                                 "max_prompt_len=32")])
+def test_a_prompt_the_slots_cannot_hold_is_the_static_sampler_error(prompt, message):
+  sp = SamplingParams(temperature=0.0, max_new_tokens=2)
+  for generate in (_sampler(4).generate, lambda *a: slots.generate(_sampler(4), *a)):
+    with pytest.raises(ValueError, match=message):
+      generate(PARAMS, [PROMPTS[0], prompt], jax.random.key(0), sp)
