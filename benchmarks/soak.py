@@ -8,6 +8,9 @@ file handles, its child processes and the workdir's size; prints one JSON line w
 - open file handles and child processes stay flat (their maximum over updates 3.. equals their value at 3);
 - the workdir's checkpoints stay within train.checkpoint.max_to_keep steps (plus the one being written).
 
+Beside each update end: the programs compiled so far and the live device arrays, from the run's own metrics
+(a new compiled program holds host memory for good; the driver grows with them until every shape was met).
+
   python -m benchmarks.soak [--updates 30] [--config configs/sciworld.py] [--set train.checkpoint.max_to_keep=2]
 """
 from __future__ import annotations
@@ -91,6 +94,16 @@ def sample(pid: int, workdir: str) -> dict[str, Any]:
               children=len(tree) - 1, workdir_mb=round(_du_mb(workdir), 1), checkpoints=len(steps))
 
 
+def _records(workdir: str) -> dict[int, dict[str, Any]]:
+  """The update records of the run's metrics.jsonl by update index (its `step` is updates done)."""
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+  except OSError:
+    return {}
+  return {r["step"] + 1: r for r in rows if "eval/updates_done" not in r and "step" in r}
+
+
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--updates", type=int, default=30)
@@ -118,6 +131,10 @@ def main() -> None:
     samples.append(sample(proc.pid, workdir))
     time.sleep(a.every_s)
   reader.join(timeout=10)
+  for u, rec in _records(workdir).items():  # what the run logged of itself at each update end
+    if u in ends:
+      ends[u]["compiles"] = sum(v for k, v in rec.items() if k.startswith("compiles/"))
+      ends[u]["live_arrays_mb"] = round(rec.get("mem/live_arrays_mb", 0.0), 1)
   keep = next((int(s.split("=", 1)[1]) for s in a.set if s.startswith("train.checkpoint.max_to_keep=")), 3)
   at = {u: ends[u] for u in sorted(ends)}
   base = at.get(3)
