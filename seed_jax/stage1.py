@@ -95,8 +95,8 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   cc = cfg.collect
   path = cc.output or os.path.join(workdir, TRAJECTORIES_FILE)
   tasks = collection_tasks(cfg)
-  done = shares.from_writer(lambda: sorted(unique(read_records(path, repair=True), lambda r: r["task_index"])))
-  pending = [i for i in range(len(tasks)) if i not in set(done)]
+  done = set(shares.from_writer(lambda: sorted(unique(read_records(path, repair=True), lambda r: r["task_index"]))))
+  pending = [i for i in range(len(tasks)) if i not in done]
   log.info("collect: %d of %d task groups already in %s; %d to go", len(done), len(tasks), path, len(pending))
   stats = {"collect/groups_done_before": float(len(done)), "collect/groups_written": 0.0}
   if not pending:

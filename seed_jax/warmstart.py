@@ -59,9 +59,9 @@ SELF_PLAY_RECORDS = "self_play_records.jsonl"
 # The config sections whose values change what the warm start trains on or how: the cache key.
 _KEY_FIELDS = ("model.path", "model.tokenizer", "model.max_prompt_tokens", "env", "warmstart", "sft", "seed",
                "analyzer.max_prompt_tokens", "analyzer.success_threshold")
-# ... and with self-play, how the episodes are sampled.
 # Env settings of how the simulator processes run, not of what they play: left out of the key.
 _RUNTIME_ENV_FIELDS = ("jvm_options", "step_timeout_s", "reset_timeout_s", "start_timeout_s")
+# ... and with self-play, how the episodes are sampled.
 _SELF_PLAY_KEY_FIELDS = ("rollout.temperature", "rollout.top_p", "rollout.top_k", "rollout.max_new_tokens",
                          "rollout.stop_strings", "sampler.dtype")
 
