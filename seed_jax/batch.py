@@ -113,9 +113,10 @@ def shapes_for(samples: Samples, min_bucket: int = 64, with_skill: bool = True) 
 def minibatch(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, pad_id: int, *,
               adv_N: np.ndarray, old_logp: Sequence[np.ndarray], ref_logp: Sequence[np.ndarray] | None,
               skill_logp: Sequence[np.ndarray] | None, with_skill_prompts: bool,
-              micro_batch_size: int = 0) -> MiniBatch:
+              micro_batch_size: int = 0, vs=None, mesh=None) -> MiniBatch:
   """Rows `idx` padded to `rows` x (Pn, R); padding rows have no response tokens, zero advantage, no OPD.
-  With images (samples.images), theirs per micro-batch of `micro_batch_size` rows."""
+  With images (samples.images), theirs per micro-batch of `micro_batch_size` rows (images.micro_batched: `vs`
+  the policy's tower spec, `mesh` for several processes)."""
   if len(idx) > rows:
     raise ValueError(f"{len(idx)} samples do not fit a mini-batch of {rows} rows")
   pick = lambda xs: [xs[i] for i in idx]
@@ -129,22 +130,25 @@ def minibatch(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R: int, 
   extra = {}
   if with_skill_prompts:
     extra["skill_prompt_BP"], extra["skill_pvalid_BP"] = pad_left(pick(samples.skill_prompts), rows, Pn, pad_id)
-  if samples.images is not None:
+  if samples.images is not None or vs is not None:
     m = micro_batch_size or rows
-    segs = [[(j - start, Pn - len(samples.prompts[i]), samples.prompts[i], samples.responses[i], samples.images[i])
+    frame = lambda i: None if samples.images is None else samples.images[i]
+    segs = [[(j - start, Pn - len(samples.prompts[i]), samples.prompts[i], samples.responses[i], frame(i))
              for j, i in enumerate(idx) if start <= j < start + m] for start in range(0, rows, m)]
-    extra["images"] = images_lib.micro_batched(m, Pn + R, segs)
+    extra["images"] = images_lib.micro_batched(m, Pn + R, segs, vs, mesh)
   return MiniBatch(prompt_BP=prompt, pvalid_BP=pvalid, resp_BR=resp, rmask_BR=rmask, old_logp_BR=col(old_logp),
                    adv_B=adv, ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp), opd_mask_B=opd, **extra)
 
 
 def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layout, R: int, *, adv_N: np.ndarray,
                      old_logp: Sequence[np.ndarray], ref_logp: Sequence[np.ndarray] | None,
-                     skill_logp: Sequence[np.ndarray] | None, first_row: int = 0) -> tuple[MiniBatch, TokenCount]:
+                     skill_logp: Sequence[np.ndarray] | None, first_row: int = 0, vs=None,
+                     mesh=None) -> tuple[MiniBatch, TokenCount]:
   """Rows `idx` packed by `layout` (packing.plan_layout over their prompt + response lengths, in idx order):
   the per-sample arrays in slot order; empty slots have no response tokens, zero advantage, no OPD. Also the
   token positions it costs (the rows of non-empty micro-batches x L; slots x R scored) against the real ones.
-  With images (samples.images), each group's (images.micro_batched). `first_row`: packing.fill_rows'."""
+  With images (samples.images), each group's (images.micro_batched, with `vs` and `mesh` as in `minibatch`).
+  `first_row`: packing.fill_rows'."""
   idx = list(idx)
   pick = lambda xs: [xs[i] for i in idx]
   rows, resp, rmask, slot_of = packing.fill_rows(layout, pick(samples.prompts), pick(samples.responses), R,
@@ -156,9 +160,11 @@ def packed_minibatch(samples: Samples, idx: Sequence[int], layout: packing.Layou
                  ref_logp_BR=col(ref_logp), skill_logp_BR=col(skill_logp),
                  opd_mask_B=packing.in_slots(samples.opd_mask_N[idx], slot_of, S, False, bool),
                  micro_batches=len(layout.groups),
-                 images=None if samples.images is None else images_lib.micro_batched(
+                 images=None if samples.images is None and vs is None else images_lib.micro_batched(
                      layout.rows_per_group, layout.length,
-                     packing.segments(layout, pick(samples.prompts), pick(samples.responses), pick(samples.images))))
+                     packing.segments(layout, pick(samples.prompts), pick(samples.responses),
+                                      [None] * len(idx) if samples.images is None else pick(samples.images)),
+                     vs, mesh))
   tokens = layout.tokens(sum(len(samples.prompts[i]) for i in idx), sum(len(samples.responses[i]) for i in idx), R)
   return mb, tokens
 
@@ -177,13 +183,14 @@ def minibatch_tokens(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R
 def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, mesh, micro_batch_size: int,
                 pack_length: int, max_response_len: int, with_skill_prompts: bool, pad_id: int, adv_N: np.ndarray,
                 old_logp: Sequence[np.ndarray], ref_logp: Sequence[np.ndarray] | None,
-                skill_logp: Sequence[np.ndarray] | None) -> Iterator[tuple[tuple, MiniBatch, TokenCount]]:
+                skill_logp: Sequence[np.ndarray] | None, vs=None) -> Iterator[tuple[tuple, MiniBatch, TokenCount]]:
   """The update's mini-batches, ready for the step: each of `draws` (this process's members of a mini-batch
   of `per` samples over every process) packed into rows of about `pack_length` (> 0) or padded to the
   update's one bucketed shape, shapes agreed over processes, each process's members laid out as its share of
   every micro-batch (distributed.grouped_global_batch). Yields (shape key, mini-batch, token positions it
   costs: padded rows x (Pn + R) per context, both with `with_skill_prompts`; packed, the packed rows).
-  Every process iterates it at the same pace."""
+  `vs`: the policy's vision tower spec (None: text-only), for the rows' images. Every process iterates it at the
+  same pace."""
   procs = jax.process_count()
   micro_l = max(1, micro_batch_size // procs)  # this process's rows of a padded micro-batch
   Pn, R, R_pack = distributed.agree_max(*shapes_for(samples, with_skill=with_skill_prompts), bucket(
@@ -195,7 +202,8 @@ def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, m
                                      length=pack_length, group_tokens=micro_batch_size * (Pn + R), resp_len=R_pack,
                                      mesh=mesh)
       lay = agreed.layout
-      mb, tokens = packed_minibatch(samples, idx, lay, agreed.resp_len, first_row=agreed.first_row, **cols)
+      mb, tokens = packed_minibatch(samples, idx, lay, agreed.resp_len, first_row=agreed.first_row, vs=vs, mesh=mesh,
+                                    **cols)
       G = len(lay.groups)
       shape = ("packed", G, lay.rows_per_group, lay.length, lay.slots_per_group, agreed.resp_len)
     else:
@@ -204,7 +212,7 @@ def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, m
       rows = micro_l * (1 << (-(-n // micro_l) - 1).bit_length())
       G = rows // micro_l
       mb = minibatch(samples, idx, rows, Pn, R, pad_id, with_skill_prompts=with_skill_prompts,
-                     micro_batch_size=micro_l, **cols)
+                     micro_batch_size=micro_l, vs=vs, mesh=mesh, **cols)
       tokens = minibatch_tokens(samples, idx, rows, Pn, R, with_skill_prompts=with_skill_prompts)
       shape = ("padded", rows, Pn, R, with_skill_prompts)
     shape += (0 if mb.images is None else mb.images.pixels_NP.shape[0],)  # image patches

@@ -15,11 +15,13 @@ import json
 import os
 from typing import Sequence
 
+import jax
 import numpy as np
 
+from seed_jax.infra import distributed
 from seed_jax.models import image_processing, vision, vlm
 from seed_jax.models.tokenizer import Tokenizer
-from seed_jax.models.vision import Grid
+from seed_jax.models.vision import Grid, VisionSpec
 
 IMAGE_PLACEHOLDER = "<image>"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
@@ -133,7 +135,7 @@ def patch_bucket(segments: Sequence[Segment]) -> int:
 
 
 def layout_images(rows: int, length: int, segments: Sequence[Segment], patches: int = 0,
-                  vls: vlm.VLSpec | None = None) -> vlm.ImageBatch | None:
+                  vs: VisionSpec | None = None) -> vlm.ImageBatch | None:
   """The ImageBatch of a call whose token rows are [rows, length]; None when no sequence has a frame.
 
   Each segment is its own position run from 0: its prompt's M-RoPE positions (vlm.rope_index), then its
@@ -141,9 +143,10 @@ def layout_images(rows: int, length: int, segments: Sequence[Segment], patches: 
   feature rows (an image token the policy sampled is an ordinary token). Equal frames share one set of rows
   (a step's ordinary and skill contexts, a group's first frames): the tower encodes each distinct frame once.
   Patches are padded to a power of two (or to `patches`, so micro-batches stacked by `stack_batches` share one
-  count) by one blank image whose rows nothing reads (`vls`: the images' spec, for segments that have none).
-  Tokens outside the segments (padding) get position 0."""
-  vls = spec_of([s[-1] for s in segments]) or vls
+  count) by one blank image whose rows nothing reads (`vs`: the policy's tower spec, for segments that have no
+  image). Tokens outside the segments (padding) get position 0."""
+  vls = spec_of([s[-1] for s in segments])
+  vs = vls.vision if vls is not None else vs
   index = np.full((rows, length), -1, np.int32)
   positions = np.zeros((rows, 3, length), np.int32)
   pixels, grids, first_row = [], [], {}
@@ -159,7 +162,7 @@ def layout_images(rows: int, length: int, segments: Sequence[Segment], patches: 
       first_row[key] = n_rows
       pixels.append(img.patches_NP)
       grids.append(img.grid)
-      n_rows += vision.num_merged(vls.vision, img.grid)
+      n_rows += vision.num_merged(vs, img.grid)
     pos_3BT, delta_B = vlm.rope_index(vls, prompt[None], [img.grid])
     positions[r, :, c:c + P] = pos_3BT[:, 0]
     positions[r, :, c + P:c + P + R] = P + int(delta_B[0]) + np.arange(R)
@@ -170,21 +173,64 @@ def layout_images(rows: int, length: int, segments: Sequence[Segment], patches: 
   n = sum(len(p) for p in pixels)
   padded = max(MIN_PATCH_BUCKET, 1 << max(n - 1, 0).bit_length(), patches)
   if padded > n:  # multiples of merge_unit (4) on both sides: a (1, 2, k) blank fills the gap exactly
-    pixels.append(np.zeros((padded - n, vls.vision.patch_dim), np.float32))
-    grids.append((1, vls.vision.merge_size, (padded - n) // vls.vision.merge_size))
-  return vlm.ImageBatch(pixels_NP=np.concatenate(pixels), vision=vision.vision_inputs(vls.vision, grids),
+    pixels.append(np.zeros((padded - n, vs.patch_dim), np.float32))
+    grids.append((1, vs.merge_size, (padded - n) // vs.merge_size))
+  return vlm.ImageBatch(pixels_NP=np.concatenate(pixels), vision=vision.vision_inputs(vs, grids),
                         index_BT=index, positions_B3T=positions)
 
 
-def micro_batched(rows: int, length: int, segments: Sequence[Sequence[Segment]]) -> vlm.ImageBatch | None:
+# Several processes: each lays out its own rows' images, all padded to one agreed patch count, as its block of
+# the call's image batch. The blocks concatenate along the patch axis in the order of the processes' row blocks
+# (distributed.global_batch), so a block numbers its feature rows, window units and attention segments after
+# the blocks before it: every placeholder then reads its own frame and no frame attends to another's.
+
+
+def agreed_patches(patches: int, mesh=None) -> int:
+  """The patch count of one call over every process (each process's own bucket in; 0: no image anywhere)."""
+  return distributed.agree_max(patches)[0] if mesh is not None else patches
+
+
+def as_block(batch: vlm.ImageBatch, mesh=None) -> vlm.ImageBatch:
+  """This process's `batch` renumbered as its block of the call's image batch (unchanged on one process)."""
+  if mesh is None or jax.process_count() == 1:
+    return batch
+  return renumbered(batch, distributed.block_index(mesh))
+
+
+def renumbered(batch: vlm.ImageBatch, k: int) -> vlm.ImageBatch:
+  """`batch` as block k of blocks of its patch count: feature rows and window units from k x its units,
+  attention segments from k x its patches (each block has at most that many)."""
+  v = batch.vision
+  N, U = batch.pixels_NP.shape[0], v.window_index_U.shape[0]
+  return batch.replace(
+      vision=v.replace(window_index_U=v.window_index_U + k * U, reverse_index_U=v.reverse_index_U + k * U,
+                       full_segment_N=v.full_segment_N + k * N, window_segment_N=v.window_segment_N + k * N),
+      index_BT=np.where(batch.index_BT >= 0, batch.index_BT + k * U, -1).astype(np.int32))
+
+
+def call_images(rows: int, length: int, segments: Sequence[Segment], vs: VisionSpec | None, mesh=None,
+                patches: int = 0) -> vlm.ImageBatch | None:
+  """The ImageBatch of one call whose token rows are [rows, length] on each process, ready for the jitted
+  call: on one process `layout_images`; on several (collective) this process's block, placed with its rows
+  and patches on its own devices. None when no process has a frame in the call."""
+  multi = mesh is not None and jax.process_count() > 1
+  n = agreed_patches(max(patch_bucket(segments), patches), mesh if multi else None)
+  if not n:
+    return None
+  batch = layout_images(rows, length, segments, n, vs)
+  return distributed.global_batch(as_block(batch, mesh), mesh) if multi else batch
+
+
+def micro_batched(rows: int, length: int, segments: Sequence[Sequence[Segment]], vs: VisionSpec | None = None,
+                  mesh=None) -> vlm.ImageBatch | None:
   """One ImageBatch per group of `rows` rows (a micro-batch of the update), all padded to one patch count and
   concatenated along every leaf's leading axis, so the update's per-micro-batch split gives each group its own
   images with its own feature-row indices. segments[g]: group g's, rows local to the group. None without
-  images."""
-  import jax
-  patches = max((patch_bucket(segs) for segs in segments), default=0)
+  images. On several processes (collective) the count is agreed and each group is this process's block of the
+  micro-batch's images (distributed.grouped_global_batch places them)."""
+  multi = mesh is not None and jax.process_count() > 1
+  patches = agreed_patches(max((patch_bucket(segs) for segs in segments), default=0), mesh if multi else None)
   if not patches:
     return None
-  vls = spec_of([s[-1] for segs in segments for s in segs])
-  batches = [layout_images(rows, length, segs, patches, vls) for segs in segments]
+  batches = [as_block(layout_images(rows, length, segs, patches, vs), mesh) for segs in segments]
   return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)

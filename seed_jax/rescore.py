@@ -22,6 +22,7 @@ from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes
 from seed_jax.infra import distributed
 from seed_jax.models.logprobs import PackedRows, packed_logprobs, response_logprobs
 from seed_jax.models.spec import ModelSpec
+from seed_jax.models.vlm import ImageBatch
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,14 @@ log = logging.getLogger(__name__)
 def rescore(params, prompt_CBP, pvalid_CBP, resp_BR, rmask_BR, temperature, images=None, *, spec: ModelSpec, dtype,
             chunk: int, with_entropy: bool = True):
   """The same responses under C contexts (e.g. ordinary and skill-augmented prompts) in ONE forward pass
-  over the C*B stacked rows (`images`: their frames, laid out for the [C*B, P + R] rows). Returns logp_CBR and
+  over the C*B stacked rows (`images`: their frames, laid out for the [C*B, P + R] rows, row leaves [C, B, ...]).
+  Returns logp_CBR and
   entropy_CBR (0 on padding)."""
   C, B, Pn = prompt_CBP.shape
   tile = lambda x: jnp.broadcast_to(x[None], (C,) + x.shape).reshape((C * B,) + x.shape[1:])
+  if images is not None:  # row leaves [C, B, ...] like the prompts (Rescorer._context_images)
+    images = images.replace(index_BT=images.index_BT.reshape((C * B,) + images.index_BT.shape[2:]),
+                            positions_B3T=images.positions_B3T.reshape((C * B,) + images.positions_B3T.shape[2:]))
   logp, ent = response_logprobs(params, spec, prompt_CBP.reshape(C * B, Pn), pvalid_CBP.reshape(C * B, Pn),
                                 tile(resp_BR), tile(rmask_BR), temperature, images, dtype=dtype, chunk=chunk,
                                 with_entropy=with_entropy)
@@ -127,8 +132,9 @@ class Rescorer:
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
     segs = packing.segments(layout, prompts, resps, frames)
-    patches = max((images_lib.patch_bucket(s) for s in segs), default=0)  # one count for every pass
-    vls = images_lib.spec_of(frames)
+    multi = self.mesh is not None and jax.process_count() > 1
+    patches = images_lib.agreed_patches(max((images_lib.patch_bucket(s) for s in segs), default=0),  # every pass's
+                                        self.mesh if multi else None)
     if self.compiles.see(("rescore_packed", W, L, S, R, patches, with_entropy)):
       log.info("compiling rescore: %d packed rows of %d, %d slots, response %d, image patches %d", W, L, S, R,
                patches)
@@ -141,7 +147,7 @@ class Rescorer:
       part = lambda x, n: x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
                          part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
-      image_batch = images_lib.layout_images(W, L, segs[g], patches, vls) if patches else None
+      image_batch = images_lib.call_images(W, L, segs[g], self.spec.vision, self.mesh, patches) if patches else None
       if self.mesh is not None:
         args = distributed.global_batch(args, self.mesh)
       with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
@@ -176,8 +182,8 @@ class Rescorer:
                                rows_forwarded=C * B, rows_real=C * N))
     chunk = min(self.cfg.vocab_chunk, R)
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=chunk, with_entropy=with_entropy)
-    image_batch = images_lib.layout_images(C * B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
-                                                          for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
+    image_batch = self._context_images(C, B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
+                                                      for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
     patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     if self.compiles.see(("rescore", C, B, Pn, R, patches, with_entropy)):
       log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d, image patches %d", C, B, Pn, R,
@@ -189,3 +195,19 @@ class Rescorer:
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
       lp, en = rescore(params, *args, jnp.float32(temperature), image_batch, **static)
     return distributed.local_rows(lp, axis=1), distributed.local_rows(en, axis=1)
+
+  def _context_images(self, C: int, B: int, T: int, segments) -> ImageBatch | None:
+    """The images of C x B padded rows (row c * B + b) with their row leaves as [C, B, ...], laid out like the
+    prompts: on several processes each context's rows are every process's B, so the rows split on axis 1."""
+    multi = self.mesh is not None and jax.process_count() > 1
+    patches = images_lib.agreed_patches(images_lib.patch_bucket(segments), self.mesh if multi else None)
+    if not patches:
+      return None
+    batch = images_lib.as_block(images_lib.layout_images(C * B, T, segments, patches, self.spec.vision), self.mesh)
+    batch = batch.replace(index_BT=batch.index_BT.reshape(C, B, T), positions_B3T=batch.positions_B3T.reshape(
+        C, B, 3, T))
+    if not multi:
+      return batch
+    rows = distributed.global_batch((batch.index_BT, batch.positions_B3T), self.mesh, axis=1)
+    return distributed.global_batch(batch.replace(index_BT=None, positions_B3T=None), self.mesh).replace(
+        index_BT=rows[0], positions_B3T=rows[1])

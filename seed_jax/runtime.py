@@ -94,9 +94,6 @@ def _player_parts(cfg: ml_collections.ConfigDict, learner: bool) -> dict[str, An
   the learner's settings, before anything loads."""
   multi = distributed.initialize(cfg.distributed)  # [scale] joins a multi-process job before any device use
   image_obs = cfg.env.get("observation", "text") == "image"
-  if multi and image_obs:
-    raise distributed.SetupError(f"config.env.observation='image' runs on one process, this job has "
-                                 f"{jax.process_count()}")
   if image_obs and not load.is_vision_language(cfg.model.path):
     raise ValueError(f"config.env.observation='image' needs a vision-language (Qwen2.5-VL) checkpoint, but "
                      f"config.model.path={cfg.model.path!r} is text-only: set config.env.observation='text' or "

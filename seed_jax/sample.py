@@ -234,8 +234,9 @@ class Sampler:
     for u, p in enumerate(unique):
       tokens_UP[u, Pn - len(p):] = p
       valid_UP[u, Pn - len(p):] = True
-    image_batch = images_lib.layout_images(U, Pn, [(u, Pn - len(p), p, (), f)
-                                                   for u, (p, f) in enumerate(zip(unique, frames_U))])
+    image_batch = images_lib.call_images(U, Pn, [(u, Pn - len(p), p, (), f)
+                                                 for u, (p, f) in enumerate(zip(unique, frames_U))],
+                                         self.spec.vision, self.mesh)
     n_patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=max_new,
                   prefill_chunk=self.cfg.prefill_chunk)

@@ -440,3 +440,45 @@ def test_stage1_and_the_warm_start_on_two_processes_equal_one(tiny_model_dir, tm
   one, two = (jax.tree.map(np.asarray, load.load_model(os.path.join(dirs[d], "export"))[1]) for d in (1, 2))
   init = _init(tiny_model_dir)
   _assert_same_change(one, two, init, rtol=1e-5, off_frac=0.0)
+
+
+VL_CONFIG = """
+from configs import sokoban
+from seed_jax.config import validate
+
+
+def get_config():
+  c = sokoban.get_config("vl")  # the tiny random Qwen2.5-VL seeing each step's RGB frame
+  # 3 tasks x 2 rollouts of 2 steps: process 0 plays tasks 0 and 2, process 1 task 1 (unequal patch counts)
+  c.rollout.tasks_per_update, c.rollout.group_size, c.rollout.max_new_tokens = 3, 2, 12
+  c.env.max_steps, c.analyzer.max_new_tokens = 2, 12
+  c.learner.minibatch_size, c.learner.micro_batch_size, c.learner.lr = 8, 8, 1e-3
+  # π_old re-scored in the padded layout (rows per context); the update packed
+  c.rescore.pack_length, c.rescore.old_logps = 0, "rescore"
+  c.train.num_updates, c.eval.at_start, c.eval.at_end = 2, False, False
+  c.distributed.initialization_timeout_s, c.distributed.heartbeat_timeout_s = 60, 10
+  validate(c)
+  return c
+"""
+
+
+def test_image_observations_on_two_processes_equal_one(tmp_path):
+  """The VL policy on Sokoban frames, two updates: 2 x 4 against 1 x 8. Each process lays out its own rows'
+  frames as its block of every call's image batch (prefill, the padded re-score, the packed update): the same
+  episodes, metrics and parameter change as one process holding every frame."""
+  cfg_file = tmp_path / "cfg_vl.py"
+  cfg_file.write_text(VL_CONFIG)
+  dirs, times = {}, {}
+  for processes, devices in ((1, 8), (2, 4)):
+    workdir = dirs[processes] = str(tmp_path / f"vl{processes}x{devices}")
+    t0 = time.time()
+    procs = _launch(cfg_file, workdir, processes, devices)
+    outs = _wait(procs, timeout=600)
+    assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
+    times[f"{processes}x{devices}"] = round(time.time() - t0, 1)
+  print("wall times (s):", times)
+  one, two = _metrics(dirs[1]), _metrics(dirs[2])
+  assert [r["step"] for r in two] == [0, 1] and two[0]["rollout/episodes"] == 6
+  for a, b in zip(one, two):
+    _same_update(a, b)
+  _assert_same_change(_params(dirs[1], "embedded-vl", 2), _params(dirs[2], "embedded-vl", 2), _init("embedded-vl"))

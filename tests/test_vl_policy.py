@@ -83,6 +83,36 @@ def test_the_tower_is_sharded_like_the_decoder():
   assert update.state_shardings(params, optax.adamw(1e-5)) is not None
 
 
+def test_image_blocks_of_several_processes_read_what_one_layout_reads(codec):
+  """Each process lays out its own rows' frames as a block padded to one patch count (images.renumbered): the
+  blocks concatenated, as a global batch concatenates them, give every placeholder the same features and every
+  token the same M-RoPE position as one layout of all the rows, and no frame attends to another block's."""
+  from seed_jax.models import vlm
+  tok = images.VLTokenizer(load.load_tokenizer("embedded-vl"), codec)
+  spec, params = load.load_model("embedded-vl")
+  rng = np.random.default_rng(0)
+  frames = [rng.integers(0, 256, shape, np.uint8) for shape in ((96, 96, 3), (56, 84, 3), (84, 56, 3))]
+  prompts = [tok.encode_chat(f"Frame {n}:\n<image>\nYour move.", image=f) for n, f in enumerate(frames)]
+  T = max(map(len, prompts)) + 4
+  segs = [(r, T - len(p), p, (), codec.image(f)) for r, (p, f) in enumerate(zip(prompts, frames))]
+  features = lambda b: np.asarray(vlm.forward_inputs(params, spec, b, None)[1][1])[np.maximum(b.index_BT, 0)]
+  one = images.layout_images(3, T, segs)
+  # Process 0 holds rows 0-1, process 1 row 2 (its first row 0); both padded to the larger bucket.
+  local = [segs[:2], [(0,) + s[1:] for s in segs[2:]]]
+  n = max(images.patch_bucket(s) for s in local)
+  blocks = [images.renumbered(images.layout_images(len(s), T, s, n, spec.vision), k) for k, s in enumerate(local)]
+  two = jax.tree.map(lambda *xs: np.concatenate(xs), *blocks)
+  assert two.pixels_NP.shape[0] == 2 * n and int(two.index_BT.max()) >= n // 4  # block 1 reads past block 0
+  np.testing.assert_array_equal(two.positions_B3T, one.positions_B3T)
+  np.testing.assert_array_equal(two.index_BT >= 0, one.index_BT >= 0)
+  is_image = one.index_BT >= 0
+  np.testing.assert_allclose(features(two)[is_image], features(one)[is_image], atol=1e-5, rtol=0)
+  # Unrenumbered, block 1's placeholders would read block 0's frames.
+  wrong = jax.tree.map(lambda *xs: np.concatenate(xs), *[images.layout_images(len(s), T, s, n, spec.vision)
+                                                         for s in local])
+  assert not np.allclose(features(wrong)[is_image], features(one)[is_image], atol=1e-3)
+
+
 def test_cpu_vl_configs():  # :paper,vl is pinned in tests/test_paper_configs.py
   for mod in (sokoban, ezpoints):
     c = mod.get_config("vl")

@@ -162,6 +162,12 @@ def row_block(mesh: Mesh, rows: int) -> tuple[int, int]:
   return lo, hi - lo
 
 
+def block_index(mesh: Mesh) -> int:
+  """The position of this process's row block among the processes' blocks (row_block), in row order."""
+  dp = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  return row_block(mesh, dp)[0] // (dp // jax.process_count())
+
+
 def global_batch(local: Any, mesh: Mesh, axis: int = 0) -> Any:
   """Global device arrays whose rows (axis `axis`) are every process's `local` rows, each process's in its
   row block (row_block; a pytree of numpy arrays, the same shapes on every process). One process: a placement."""
