@@ -225,3 +225,27 @@ def test_grouped_micro_batches_equal_the_flat_layout_on_eight_devices():
     assert batch.resp_BR.shape == (2, 8, 5) and batch.resp_BR.addressable_shards[0].data.shape == (2, 1, 5)
     grouped, _ = _step(spec, params, batch, loss_cfg, 8)
   _assert_trees_close(grouped.params, flat.params, 1e-6)
+
+
+def test_bf16_update_keeps_fp32_master_weights_and_matches_fp32():
+  """learner.dtype='bfloat16': bf16 matmuls, fp32 master weights, norms, softmax and loss. One step's loss and
+  parameter change agree with the fp32 step to bf16 rounding (8 mantissa bits: ~4e-3 relative per product,
+  compounded over the layers and the backward's near-cancelling sums; measured 5e-6 on the loss and 2.7e-2 of
+  the change's norm here), and the state stays fp32."""
+  spec, params, mb = _tiny_batch()
+  loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
+  opt = optax.sgd(1.0)
+  out = {}
+  for name, dtype in (("fp32", jnp.float32), ("bf16", jnp.bfloat16)):
+    fn = update_lib.make_update_fn(spec, loss_cfg, opt, micro_batch_size=2, dtype=dtype, chunk=4, remat=True)
+    out[name] = fn(update_lib.init_state(jax.tree.map(jnp.copy, params), opt), mb, jnp.float32(1.0))
+  (s32, m32), (s16, m16) = out["fp32"], out["bf16"]
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.params)) and m16["loss"].dtype == jnp.float32
+  flat = lambda s: np.concatenate([np.ravel(np.asarray(x) - np.asarray(p))
+                                   for x, p in zip(jax.tree.leaves(s.params), jax.tree.leaves(params))])
+  d32, d16 = flat(s32), flat(s16)
+  rel = np.linalg.norm(d16 - d32) / np.linalg.norm(d32)
+  loss_rel = abs(float(m16["loss"]) - float(m32["loss"])) / abs(float(m32["loss"]))
+  print(f"bf16 vs fp32: loss {loss_rel:.1e}, parameter change {rel:.1e} (relative)")
+  assert np.linalg.norm(d32) > 1e-3 and rel < 1e-1 and loss_rel < 1e-3
+  assert rel > 1e-5  # bf16 really computed: the fp32 and bf16 steps are not the same program
