@@ -5,7 +5,10 @@ prints one JSON line. Tokens/s counts generated tokens over the whole call (pref
 `decode` (seed_jax sides): ms per decode step, from the difference between the full call and one of new/8
 tokens (the prefill cancels), against the step's memory floor: the weights in the sampler's dtype plus the KV
 cache positions a step attends (prompt + new/2 on average, every row), over the read bandwidth measured in the
-same child (common.stream_bandwidth_gbs). `decode.over_floor` is their ratio.
+same child (common.stream_bandwidth_gbs). `decode.over_floor` is their ratio. `decode.projections_ms` is a
+step's weight products alone (every layer's q/k/v, output, gate/up and down projections and the vocabulary
+projection, chained at the same batch, as one jitted loop): what XLA:CPU's dot kernels take for the weight
+reads at these sizes, before any attention, norm or sampling (`projections_over_floor`).
 
 Each configuration runs in its own child process, so each peak RSS is its own (loading included).
 
@@ -58,8 +61,38 @@ def decode_floor(spec, params, a, dtype: str, step_ms: float) -> dict:
   kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * a.batch * (a.prompt + a.new / 2)
   bandwidth = common.stream_bandwidth_gbs()
   floor_ms = (weights + kv) / (bandwidth * 1e9) * 1e3
+  proj_ms = projections_ms(spec, dtype, a.batch)
   return dict(ms_per_step=round(step_ms, 2), floor_ms=round(floor_ms, 2), over_floor=round(step_ms / floor_ms, 2),
+              projections_ms=round(proj_ms, 2), projections_over_floor=round(proj_ms / floor_ms, 2),
               bandwidth_gbs=round(bandwidth, 1), weight_mb=round(weights / 2 ** 20), kv_mb=round(kv / 2 ** 20))
+
+
+def projections_ms(spec, dtype: str, batch: int, steps: int = 16) -> float:
+  """ms per step of a decode step's weight products alone (see the module docstring), median of 5 loops."""
+  import jax
+  import jax.numpy as jnp
+  dt, D, h = jnp.dtype(dtype), spec.dim, spec.head_dim
+  shapes = [(D, (spec.n_heads + 2 * spec.n_kv_heads) * h), (spec.n_heads * h, D), (D, 2 * spec.ffn_dim),
+            (spec.ffn_dim, D)]
+  key = jax.random.key(0)
+  layers = [[(jax.random.normal(jax.random.fold_in(key, 4 * i + j), s) * 0.02).astype(dt)
+             for j, s in enumerate(shapes)] for i in range(spec.n_layers)]
+  vocab = (jax.random.normal(key, (D, spec.vocab_size)) * 0.02).astype(dt)
+  dot = lambda x, w: jnp.einsum("bd,df->bf", x.astype(dt), w, preferred_element_type=jnp.float32)
+
+  def loop(layers, vocab, x_BD):
+    def step(_, x_BD):
+      for w_qkv, w_o, w_gu, w_down in layers:
+        x_BD = x_BD + dot(dot(x_BD, w_qkv)[:, :spec.n_heads * h], w_o)
+        gu = dot(x_BD, w_gu)
+        x_BD = x_BD + dot(jax.nn.silu(gu[:, :spec.ffn_dim]) * gu[:, spec.ffn_dim:], w_down)
+      return x_BD + 1e-3 * dot(x_BD, vocab)[:, :D]
+    return jax.lax.fori_loop(0, steps, step, x_BD)
+
+  run = jax.jit(loop)
+  x = jnp.ones((batch, D), jnp.float32)
+  run(layers, vocab, x).block_until_ready()
+  return common.median(common.timed(lambda: run(layers, vocab, x).block_until_ready(), 5)) / steps * 1e3
 
 
 def child_torch(a) -> dict:
