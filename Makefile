@@ -22,9 +22,10 @@ $(VENV)/.ready: requirements.txt requirements-nodeps.txt requirements-test.txt p
 run: venv
 	$(BIN)/python -m seed_jax.main --config=configs/sciworld.py $(ARGS)
 
-# Two processes, each running whole test files (module fixtures are built once); JOBS=0 runs in this process.
+# Two processes, each running whole test files (module fixtures are built once), the longest files first
+# (tests/conftest.py); JOBS=0 runs in this process.
 JOBS ?= 2
-XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
 	$(BIN)/python -m pytest -q $(XDIST) --durations=25 tests $(ARGS)
