@@ -19,6 +19,7 @@ ARGS.add_argument("--shape", default="1,-1,1")  # mesh.shape (per slice)
 ARGS.add_argument("--dcn_shape", default="1,1,1")
 ARGS.add_argument("--ckpt", required=True)  # checkpoint folder to write (train) or read (restore)
 ARGS.add_argument("--out", required=True)  # .npz of the full state (written by process 0)
+ARGS.add_argument("--watch_poll_s", type=float, default=None)  # peers.POLL_S: 0 keeps the watcher inside its reads
 A = ARGS.parse_args()
 
 # Before jax is imported: this process's own device count (the parent's XLA_FLAGS are replaced).
@@ -88,6 +89,9 @@ def main():
     dc.coordinator_address, dc.num_processes, dc.process_id = f"127.0.0.1:{A.port}", A.num_processes, A.process_id
     dc.initialization_timeout_s = 60
     dc.heartbeat_timeout_s = 10 if A.role == "die" else dc.heartbeat_timeout_s
+    if A.watch_poll_s is not None:
+      from seed_jax.infra import peers
+      peers.POLL_S = A.watch_poll_s
     assert distributed.initialize(dc)
   if A.role == "die":  # the last process dies after one collective; the others go on calling collectives
     multihost_utils.process_allgather(np.ones(2))

@@ -7,6 +7,7 @@ included) before all have read the line; process 0, whose end ends the service, 
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ FIRST = FATAL + "first"  # set once (no overwrite): when several processes fail 
 POLL_S, ACK_WAIT_S = 0.5, 10.0
 _lock = threading.Lock()  # one exit per process: the main thread's or the watcher's
 _watching: list = []  # the client the watcher reads, once started
+_done = threading.Event()  # set at interpreter exit: the watcher leaves the client before JAX shuts it down
 
 
 def _client():
@@ -48,8 +50,17 @@ def start_watcher() -> None:
   if _watching or jax.process_count() == 1 or client is None:
     return
   _watching.append(client)
-  threading.Thread(target=_watch, args=(client, jax.process_index(), jax.process_count()), daemon=True,
-                   name="seed_jax-peers").start()
+  thread = threading.Thread(target=_watch, args=(client, jax.process_index(), jax.process_count()), daemon=True,
+                            name="seed_jax-peers")
+  thread.start()
+  # Runs before JAX's own exit hook (registered at its import; atexit runs the last registered first): a read
+  # still in flight while the backend and the coordination service are torn down can abort the process.
+  atexit.register(_stop_watching, thread)
+
+
+def _stop_watching(thread: threading.Thread) -> None:
+  _done.set()
+  thread.join(timeout=POLL_S + 5.0)
 
 
 def fail_all(kind: str, message: str) -> NoReturn:
@@ -103,8 +114,7 @@ def _other(posted: list[tuple[str, str]], me: int) -> str | None:
 
 
 def _watch(client, me: int, n: int) -> None:
-  while True:
-    time.sleep(POLL_S)
+  while not _done.wait(POLL_S):
     try:
       line = _other(client.key_value_dir_get(FATAL), me)
     except Exception:  # the store is gone: the job is ending (or process 0 died; JAX's heartbeat handles that)
