@@ -178,6 +178,7 @@ def run_update(a) -> dict[str, Any]:
       decode_slot_steps_over_real=slot_steps_over_real(m), refill=bool(cfg.sampler.refill),
       compiles=compiles, peak_rss_mb=round(common.peak_rss_mb()),
       old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
+      old_logps_from_update=bool(m.get("rescore/old_logps_from_update", 0.0)),
       build_s=round(build_s, 1), warmup_update_s=round(warmup_s, 1), measured_update_s=round(measured_s, 1),
       rollout_success=m.get("rollout/success"), analysis_parse_rate=m.get("analysis/parse_rate"))
 

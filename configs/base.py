@@ -173,8 +173,10 @@ def get_base() -> ml_collections.ConfigDict:
   # pack_tokens positions per forward pass; 0: one padded row per sequence, max_rows per pass.
   c.rescore.pack_length = 1536
   c.rescore.pack_tokens = 16384
-  # "auto": π_old's log-probs are the sampler's own when they are the same numbers (fp32 sampling and scoring),
-  # saving the ordinary context's forward; "rescore": always re-score it.
+  # Where π_old's log-probs come from. "auto": the sampler's own when they are the same numbers (fp32 sampling and
+  # scoring), else as "update"; "update": the update's own forward, stop-gradient, when the update is one
+  # optimizer step (ppo_epochs 1, every step-sample in one mini-batch: π_θ is π_old there) and no teacher metric
+  # reads them, else re-scored; "rescore": always re-score the ordinary context (one more forward).
   c.rescore.old_logps = "auto"
 
   # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set

@@ -23,7 +23,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "stage": ("rl", "generate", "collect", "annotate", "sft", "warmstart", "eval"),
     "sampler.dtype": ("float32", "bfloat16"),
     "rescore.dtype": ("float32", "bfloat16"),
-    "rescore.old_logps": ("auto", "rescore"),
+    "rescore.old_logps": ("auto", "update", "rescore"),
     "learner.dtype": ("float32", "bfloat16"),
     "model.attention": ("auto", "blocked", "xla_blockwise", "splash", "cudnn"),
     "learner.teacher": ("old", "current"),

@@ -109,12 +109,16 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
   metrics, tokens = dict(metrics), dict(played.tokens)
   samples = batch_lib.collect_samples(good, None if analysis is None else analysis.skills, rt.tokenizer,
                                       cfg.model.max_prompt_tokens)
+  draw = shares.MinibatchDraw(shares.step_keys(good))  # [scale] collective: every process's step-samples
+  teacher_metrics = analysis is not None and cfg.analyzer.teacher_metrics and rt.family.has_gold_paths
+  source = old_logps_source(cfg, draw.total, needed=teacher_metrics)
   before = rt.rescorer.tokens.copy()
   check()
   with timer.phase("rescore"):
-    old_logp, skill_logp, ref_logp = rescore_samples(rt, state.params, samples, with_skills=analysis is not None)
+    old_logp, skill_logp, ref_logp = rescore_samples(rt, state.params, samples, with_skills=analysis is not None,
+                                                     old_source=source)
   tokens["rescore"] = rt.rescorer.tokens - before
-  if analysis is not None and cfg.analyzer.teacher_metrics and rt.family.has_gold_paths:
+  if teacher_metrics:
     with timer.phase("teacher"):  # [scale] collective: the condition is the same on every process
       rows = teacher_quality.sample_rows(rt, state.params, good, samples, old_logp,
                                          skill_logp if rt.teacher.rescore_skill_prompts else None)
@@ -126,7 +130,8 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
   if nan_advantages:  # the fault drill's NaN loss and gradient
     adv_N = np.full_like(adv_N, np.nan)
   metrics.update(advantage_metrics(shares.gather_concat(adv_N)))  # groups are host-local: no gather needed above
-  metrics["rescore/old_logps_from_sampler"] = float(old_logps_from_sampler(cfg))
+  metrics["rescore/old_logps_from_sampler"] = float(source == "sampler")
+  metrics["rescore/old_logps_from_update"] = float(source == "update")
   # Without skills this update (analysis off or outside its window) the OPD mask is all False: its term is 0
   # and the same compiled update serves.
   check()
@@ -134,7 +139,7 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
     if cfg.learner.schedule == "warmup_constant":
       lr = update_lib.update_lr(cfg.learner, u, cfg.train.num_updates)
       state, metrics["update/lr"] = update_lib.with_update_lr(state, lr), lr
-    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, shares.step_keys(good), adv_N, old_logp,
+    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, draw, adv_N, old_logp,
                                                ref_logp, skill_logp, key)
   metrics.update(upd)
   metrics.update(report.update_report(rt, played.everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
@@ -181,29 +186,36 @@ def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.An
   return analysis
 
 
-def old_logps_from_sampler(cfg: ml_collections.ConfigDict) -> bool:
-  """Whether π_old's log-probs are the sampler's own: with fp32 sampling and fp32 scoring at the same (non-zero)
-  rollout temperature they are the numbers a re-score would compute (tests hold them equal within 1e-5), so
-  the ordinary context needs no second forward. rescore.old_logps="rescore" always re-scores."""
-  return (cfg.rescore.old_logps == "auto" and cfg.sampler.dtype == "float32" and cfg.rescore.dtype == "float32"
-          and cfg.rollout.temperature > 0)
+def old_logps_source(cfg: ml_collections.ConfigDict, total_samples: int, needed: bool = False) -> str:
+  """Where π_old's log-probs come from this update (rescore.old_logps): "sampler" (with fp32 sampling and fp32
+  scoring at a non-zero temperature they are the numbers a re-score would compute; tests hold them equal within
+  1e-5), "update" (the update's own forward, stop-gradient: exact when the update is a single optimizer step of
+  the policy that sampled, as TRL's GRPO does with one iteration; `needed`: something else reads them before
+  the update, the teacher metrics) or "rescore" (a forward of the ordinary context in the re-score)."""
+  mode = cfg.rescore.old_logps
+  if (mode == "auto" and cfg.sampler.dtype == "float32" and cfg.rescore.dtype == "float32"
+      and cfg.rollout.temperature > 0):
+    return "sampler"
+  one_step = cfg.learner.ppo_epochs == 1 and total_samples <= cfg.learner.minibatch_size
+  return "update" if mode in ("auto", "update") and one_step and not needed else "rescore"
 
 
-def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool):
-  """(π_old, skill-context, reference) log-probs per sample. π_old's come from the sampler where they are the
-  same numbers (old_logps_from_sampler), else from re-scoring the ordinary context. The skill context is
-  re-scored only when the teacher is π_old and this update has skills; otherwise the π_old log-probs stand in
-  (the OPD mask is all False, or the update scores H(h, s) with π_θ itself). The reference is None without a
-  KL term."""
+def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool, old_source: str = "rescore"):
+  """(π_old, skill-context, reference) log-probs per sample. π_old's come from `old_source`
+  (old_logps_source): the sampler's, None ("update": the update takes its own), or re-scored here. The skill
+  context is re-scored only when the teacher is π_old and this update has skills; otherwise the π_old log-probs
+  stand in (the OPD mask is all False, or the update scores H(h, s) with π_θ itself). The reference is None
+  without a KL term."""
   cfg = rt.cfg
-  reuse = old_logps_from_sampler(cfg)
+  reuse = old_source != "rescore"
   # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
   with_skills = with_skills and distributed.any_process(samples.opd_mask_N.any())  # [scale] the same passes everywhere
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
   contexts = ([] if reuse else [samples.prompts]) + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
                          images=samples.images)[0] if contexts else []
-  old = [np.asarray(x, np.float32) for x in samples.sampled_logps] if reuse else lp[0]
+  old = (None if old_source == "update" else [np.asarray(x, np.float32) for x in samples.sampled_logps]) if reuse \
+      else lp[0]
   ref = None
   if rt.loss_cfg.kl_coef:
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
@@ -225,13 +237,13 @@ def _skill_records(trajs: Sequence[Trajectory], analysis: skills.Analysis) -> li
           for t, p, r in zip(trajs, analysis.parses, analysis.replies)]
 
 
-def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, skill_logp, key):
+def _ppo_epochs(rt: Runtime, state, samples, draw: shares.MinibatchDraw, adv_N, old_logp, ref_logp, skill_logp,
+                key):
   """ppo_epochs passes over shuffled mini-batches (batch.minibatches lays them out); update/* metrics are means
   over the optimizer steps. Also returns the token positions the steps computed against the real rows' prompt
-  and response lengths. `keys` (shares.step_keys) place this process's samples in the canonical order the
-  mini-batches are drawn over."""
+  and response lengths. `draw` places this process's samples in the canonical order the mini-batches are drawn
+  over. `old_logp` None: each step's own log-probs are π_old's (old_logps_source "update")."""
   cfg = rt.cfg
-  draw = shares.MinibatchDraw(keys)
   per = min(cfg.learner.minibatch_size, draw.total)
   rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 2))).ravel().tolist())
   ready = batch_lib.minibatches(
@@ -245,7 +257,7 @@ def _ppo_epochs(rt: Runtime, state, samples, keys, adv_N, old_logp, ref_logp, sk
   tokens = TokenCount()
   for shape, batch, t in ready:
     tokens.add(t)
-    if rt.update_compiles.see(shape + (ref_logp is None, skill_logp is None)):
+    if rt.update_compiles.see(shape + (old_logp is None, ref_logp is None, skill_logp is None)):
       log.info("compiling update: %s", " x ".join(map(str, shape)))
     with jax.set_mesh(rt.mesh):
       state, sums = rt.update_fn(state, batch, jnp.float32(cfg.rollout.temperature))

@@ -136,8 +136,14 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
   else:
     logp, ent = response_logprobs(params, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, temperature,
                                   mb.images, **kw)
+  # No π_old columns: this step is the update's only one, so π_old is π_θ here (pipeline.old_logps_source), and
+  # without skills this update its log-probs stand in for the masked-out skill side too.
+  old_logp = mb.old_logp_BR
+  if old_logp is None:
+    old_logp = jax.lax.stop_gradient(logp)
+    skill_logp = old_logp if skill_logp is None else skill_logp
   return losses.seed_loss(
-      logp, old_logp_BT=mb.old_logp_BR, adv=mb.adv_B, mask_BT=mb.rmask_BR, norm=norm, cfg=loss_cfg,
+      logp, old_logp_BT=old_logp, adv=mb.adv_B, mask_BT=mb.rmask_BR, norm=norm, cfg=loss_cfg,
       entropy_BT=ent if loss_cfg.entropy_coef else None, ref_logp_BT=mb.ref_logp_BR if loss_cfg.kl_coef else None,
       skill_logp_BT=skill_logp if loss_cfg.uses_skill else None,
       opd_mask_B=mb.opd_mask_B if loss_cfg.uses_skill else None)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seed_jax import analyzers, paired, pipeline, runtime, skills, templates
+from seed_jax import analyzers, paired, pipeline, runtime, shares, skills, templates
 from seed_jax import update as update_lib
 from seed_jax.batch import collect_samples
 from seed_jax.infra.metrics import PhaseTimer
@@ -95,3 +95,34 @@ def test_one_update_seed_differs_from_grpo_and_equals_it_at_weight_zero(setup):
   for a, b in zip(grpo, w0):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-7)
   assert max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))) for a, b in zip(grpo, w1)) > 1e-5
+
+
+def test_pi_old_from_the_update_equals_pi_old_rescored_in_a_one_step_update(setup):
+  """rescore.old_logps="update": with every step-sample in one optimizer step, the update takes π_old's
+  log-probs from its own forward (stop-gradient) instead of a re-score of the ordinary context; the step is the
+  re-scored one's, with skills (the skill context still re-scored) and without (its stand-in masked out)."""
+  rt, played = setup
+  oracle = pipeline.self_analysis(dataclasses.replace(rt, cfg=paired.source_config(rt.cfg, "oracle")),
+                                  rt.init_params, played, PhaseTimer(progress=False), None)[0]
+  assert any(oracle.skills) and len(shares.step_keys(played.good)) <= rt.cfg.learner.minibatch_size
+  for skills_now in (oracle, None):
+    out = {}
+    for mode in ("rescore", "update"):
+      ac = paired.arm_config(rt.cfg, paired.Arm("w1", "gated", "oracle", 1.0))
+      ac.rescore.old_logps = mode
+      learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params,
+                                                                  *runtime.learner_plan(ac)))
+      state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
+      before = learner.rescorer.tokens.copy()
+      state, m = pipeline.learn(learner, state, played, skills_now, played.metrics, PhaseTimer(progress=False), None)
+      out[mode] = (jax.tree.leaves(jax.device_get(state.params)), m, learner.rescorer.tokens - before)
+    (p_r, m_r, t_r), (p_u, m_u, t_u) = out["rescore"], out["update"]
+    assert m_u["rescore/old_logps_from_update"] == 1.0 and m_r["rescore/old_logps_from_update"] == 0.0
+    assert t_u.response_real < t_r.response_real  # one context fewer re-scored
+    np.testing.assert_allclose(m_u["update/loss"], m_r["update/loss"], rtol=1e-5, atol=1e-7)
+    assert m_u["update/ratio_max"] == 1.0  # π_θ over itself, exactly
+    for a, b in zip(p_r, p_u):
+      np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=0, atol=1e-6)
+    moved = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+                for a, b in zip(jax.tree.leaves(jax.device_get(rt.init_params)), p_u))
+    assert moved > 1e-4  # the step moved the weights: equal steps are not both zero
