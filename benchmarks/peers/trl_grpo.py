@@ -7,14 +7,19 @@ this file needs nothing of seed_jax there): the same weights and tokenizer (expo
 rows as the GRPO arm's step-samples (rounded to a multiple of the group size; each prompt sampled group-size
 times), prompts of the GRPO arm's average prompt length, completions forced to its average response length
 (min_new_tokens = max_completion_length), KL to the reference (beta = learner's kl_coef), AdamW at the
-learner's settings, gradient checkpointing (learner.remat), fp32, 2 threads; one optimizer step per update
+learner's settings, gradient checkpointing (learner.remat), 2 threads; one optimizer step per update
 as the learner's. TRL's phases: `generation` (its `_generate`), `reference` (the reference model's log-probs),
 `training` (the rest of the step: forward, backward, optimizer, reward bookkeeping); medians of the updates
 after the first (which warms caches up).
 
+`--dtype=bfloat16` compares mixed precision on CPUs with native bf16 (AVX512_BF16 / AMX): seed_jax's
+`sampler.dtype`, `rescore.dtype` and `learner.dtype` at bfloat16 (fp32 master weights and loss), TRL's `bf16=True`
+(the Trainer's CPU autocast: fp32 weights, bf16 matmuls). The default is fp32 on both sides.
+
 Install TRL once, in its own venv (its pins differ from the project's):
   python -m venv /tmp/trl && /tmp/trl/bin/pip install trl==1.16.0 torch==2.13.0 transformers==5.24.0
-  python -m benchmarks.peers.trl_grpo --trl_python /tmp/trl/bin/python [--updates 3] [--arms grpo,seed]
+  python -m benchmarks.peers.trl_grpo --trl_python /tmp/trl/bin/python [--updates 3] [--arms grpo,seed] \
+      [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -85,15 +90,17 @@ def _child(a) -> dict:
       generation_kwargs={"min_new_tokens": a.completion_tokens}, temperature=1.0, top_p=1.0, top_k=0,
       beta=a.beta, learning_rate=a.lr, weight_decay=a.weight_decay, adam_beta1=0.9, adam_beta2=0.999,
       adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="constant", gradient_checkpointing=a.remat,
-      max_steps=a.updates, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-      seed=0, num_iterations=1, shuffle_dataset=False, dataloader_num_workers=0, disable_tqdm=True)
+      max_steps=a.updates, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+      bf16=a.dtype == "bfloat16", seed=0, num_iterations=1, shuffle_dataset=False, dataloader_num_workers=0,
+      disable_tqdm=True)
   trainer = Timed(model=a.model_dir, reward_funcs=reward, args=cfg, processing_class=tok, callbacks=[Steps()],
                   train_dataset=Dataset.from_dict({"prompt": prompts * a.updates * 2}))
   trainer.train()
   med = {k: statistics.median(v[1:] or v) for k, v in times.items()}
   med["training"] = med["update"] - med["generation"] - med["reference"]
   import trl
-  return dict(side="trl", trl=trl.__version__, torch=torch.__version__, threads=a.threads, shapes=shapes,
+  return dict(side="trl", trl=trl.__version__, torch=torch.__version__, threads=a.threads, bf16=cfg.bf16,
+              shapes=shapes,
               seconds={k: round(v, 3) for k, v in med.items()},
               per_update={k: [round(x, 3) for x in v] for k, v in times.items()})
 
@@ -123,6 +130,7 @@ def main() -> None:
   p.add_argument("--updates", type=int, default=3, help="TRL updates (the first is a warm-up)")
   p.add_argument("--arms", default="grpo,seed")
   p.add_argument("--set", action="append", default=[], help="config override for seed_jax's side, key=value")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="matmuls on both sides")
   p.add_argument("--child", action="store_true")
   for k, t in (("model_dir", str), ("out_dir", str), ("rows", int), ("group", int), ("prompt_tokens", int),
                ("completion_tokens", int), ("beta", float), ("lr", float), ("weight_decay", float), ("threads", int)):
@@ -135,9 +143,10 @@ def main() -> None:
   from benchmarks import common
   from benchmarks.update import make_config
   from seed_jax.models import load
-  ours = {arm: _ours(arm, a.set) for arm in a.arms.split(",")}
+  sets = a.set + [f"{k}.dtype={a.dtype}" for k in ("sampler", "rescore", "learner")]
+  ours = {arm: _ours(arm, sets) for arm in a.arms.split(",")}
   g = ours["grpo"]
-  cfg = make_config("default", False, a.set)
+  cfg = make_config("default", False, sets)
   G = cfg.rollout.group_size
   rows = max(G, round(g["step_samples"] / G) * G)
   with tempfile.TemporaryDirectory() as d:
@@ -148,7 +157,7 @@ def main() -> None:
               prompt_tokens=round(g["phases"]["rollout"]["avg_prompt"]),
               completion_tokens=round(g["phases"]["rollout"]["avg_response"]), beta=cfg.objectives.kl_coef,
               lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay, remat=cfg.learner.remat,
-              threads=common.TORCH_THREADS, updates=a.updates)
+              threads=common.TORCH_THREADS, updates=a.updates, dtype=a.dtype)
     args = [a.trl_python, os.path.abspath(__file__), "--child"] + [f"--{k}={v}" for k, v in kw.items()]
     proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     if proc.returncode:
