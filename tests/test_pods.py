@@ -254,14 +254,14 @@ from seed_jax import pipeline
 _rescore = pipeline.rescore_samples
 
 
-def _rescore_or_die(rt, params, samples, with_skills):
+def _rescore_or_die(rt, params, samples, with_skills, **kw):
   how = rt.cfg.get("die_in_update", "")
   if jax.process_index() == 1 and how == "exit":
     print("process 1 dies in the re-score", flush=True)
     os._exit(3)
   if jax.process_index() == 1 and how == "raise":
     raise RuntimeError("process 1 cannot re-score (injected)")
-  return _rescore(rt, params, samples, with_skills)
+  return _rescore(rt, params, samples, with_skills, **kw)
 
 
 pipeline.rescore_samples = _rescore_or_die
