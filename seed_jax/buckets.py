@@ -23,10 +23,11 @@ def pow2_sizes(lo: int, hi: int) -> tuple[int, ...]:
   return tuple(out + [hi])
 
 
-def prompt_sizes(lo: int, hi: int, fine_from: int = 512) -> tuple[int, ...]:
-  """Powers of two from lo up to `fine_from`, then four sizes per octave (512, 640, 768, 896, 1024, 1280, ...),
-  up to and including hi: a long prompt pads at most 25 % (a power of two: up to 100 %) for a few more
-  compiled programs, which the persistent compilation cache keeps across runs."""
+def prompt_sizes(lo: int, hi: int, fine_from: int = 256) -> tuple[int, ...]:
+  """Powers of two from lo up to `fine_from`, then four sizes per octave (256, 320, 384, 448, 512, 640, ...),
+  up to and including hi: a prompt past `fine_from` pads at most 25 % (a power of two: up to 100 %; an agent's
+  step prompts of 300-450 tokens filled 512 slots) for a few more compiled programs, which the persistent
+  compilation cache keeps across runs."""
   out = [s for s in pow2_sizes(lo, hi) if s < min(fine_from, hi)]
   s = max(lo, fine_from)
   while s < hi:

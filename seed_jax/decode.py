@@ -136,8 +136,10 @@ decode_rows = jax.jit(decode, static_argnames=DECODE_STATIC, donate_argnums=(1,)
 @functools.partial(jax.jit, donate_argnums=(0,))
 def insert_rows(rows: Rows, cache, logits_UV, pos_U, src_M, slot_M, keys_M) -> Rows:
   """Rows refilled: slot_M[m] takes prefilled row src_M[m] (cache, logits, next position) and key keys_M[m],
-  its outputs cleared. A slot_M entry >= B (padding) changes nothing. The prefilled cache has the rows' slot
-  count (prompt bucket + max_new)."""
+  its outputs cleared. A slot_M entry >= B (padding) changes nothing. A prefilled cache of a shorter prompt
+  bucket than the rows' moves right to their slot count (its prompt ends where theirs do; the slots in front
+  are padding), so a short prompt is prefilled at its own bucket, not at the longest one met so far."""
+  cache = front_pad(cache, rows.cache.segment_BS.shape[1] - cache.segment_BS.shape[1])
   put = lambda a, x: a.at[slot_M].set(jnp.take(x, src_M, axis=0).astype(a.dtype), mode="drop")
   clear = lambda a, value: a.at[slot_M].set(value, mode="drop")
   M = slot_M.shape[0]
@@ -152,15 +154,21 @@ def insert_rows(rows: Rows, cache, logits_UV, pos_U, src_M, slot_M, keys_M) -> R
                       reason_B=clear(rows.reason_B, STOP_LENGTH))
 
 
+def front_pad(c: tf.KVCache, pad: int) -> tf.KVCache:
+  """`pad` more cache slots in front of every row: keys, values and segments move right by `pad`, the ends
+  with them; the empty slots in front are padding (segment 0). RoPE positions are the tokens', not the
+  slots', so the rows compute the same numbers."""
+  if pad == 0:
+    return c
+  front = lambda a, axis: jnp.pad(a, [(pad, 0) if i == axis else (0, 0) for i in range(a.ndim)])
+  return c.replace(k=tuple(front(k, 3) for k in c.k), v=tuple(front(v, 2) for v in c.v),
+                   segment_BS=front(c.segment_BS, 1), end=c.end + pad)
+
+
 @functools.partial(jax.jit, static_argnames=("pad",))
 def grow_rows(rows: Rows, pad: int) -> Rows:
-  """`pad` more cache slots in front of every row (a longer prompt bucket): the rows' keys, values and segments
-  move right by `pad`, their ends with them; the empty slots in front are padding."""
-  c = rows.cache
-  front = lambda a, axis: jnp.pad(a, [(pad, 0) if i == axis else (0, 0) for i in range(a.ndim)])
-  cache = c.replace(k=tuple(front(k, 3) for k in c.k), v=tuple(front(v, 2) for v in c.v),
-                    segment_BS=front(c.segment_BS, 1), end=c.end + pad)
-  return rows.replace(cache=cache)
+  """`pad` more cache slots in front of every row (a longer prompt bucket), as front_pad."""
+  return rows.replace(cache=front_pad(rows.cache, pad))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "dtype", "length", "stop_len", "max_new"))

@@ -72,7 +72,7 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
           log.info("rows that refill: prompt bucket %d -> %d", Pn, need)
           rows, Pn = decode.grow_rows(rows, pad=need - Pn), need
         free = [b for b in range(S) if b not in busy]
-        rows = _fill(sampler, params, rows, take, free, Pn, sp.max_new_tokens)
+        rows = _fill(sampler, params, rows, take, free, need, sp.max_new_tokens)
         busy.update(zip(free, take))
       if sampler.compiles.see(("decode_rows", S, Pn, stop_NL.shape, tuple(sorted(static.items(), key=str)))):
         log.info("compiling decode rows: %d slots, prompt %d, max_new %d (%d programs)", S, Pn, sp.max_new_tokens,
@@ -95,7 +95,8 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
 
 
 def _fill(sampler: Sampler, params, rows: decode.Rows, take: list[Request], free: list[int], Pn: int, max_new: int):
-  """The requests `take` prefilled (each distinct prompt once) into slots free[:len(take)]."""
+  """The requests `take` prefilled at prompt bucket Pn (each distinct prompt once; the rows' bucket may be
+  longer) into slots free[:len(take)]."""
   unique, frames_U, src_M = _distinct([r.ids for r in take], [r.frame for r in take])
   U = bucket(len(unique), sampler.batch_sizes, "batch")
   M = bucket(len(take), sampler.batch_sizes, "batch")

@@ -51,10 +51,11 @@ def test_collect_samples_skill_prompts_and_opd_mask():
 
 def test_sampler_prompt_buckets_are_powers_of_two_then_quarters_of_an_octave():
   from seed_jax.buckets import prompt_sizes
-  assert prompt_sizes(64, 1536) == (64, 128, 256, 512, 640, 768, 896, 1024, 1280, 1536)
-  assert prompt_sizes(16, 32) == (16, 32) and prompt_sizes(64, 600) == (64, 128, 256, 512, 600)
+  assert prompt_sizes(64, 1536) == (64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536)
+  assert prompt_sizes(16, 32) == (16, 32) and prompt_sizes(64, 600) == (64, 128, 256, 320, 384, 448, 512, 600)
+  assert prompt_sizes(512, 1024) == (512, 640, 768, 896, 1024)  # lo above fine_from: quarters from lo
   sizes = prompt_sizes(64, 16384)
-  assert max(b / a for a, b in zip(sizes, sizes[1:]) if a >= 512) <= 1.25 and sizes[-1] == 16384
+  assert max(b / a for a, b in zip(sizes, sizes[1:]) if a >= 256) <= 1.25 and sizes[-1] == 16384
 
 
 def test_shapes_for_buckets():

@@ -41,7 +41,8 @@ def _same(a, b):
 def test_refilling_rows_sample_what_the_static_sampler_samples(temperature):
   """11 prompts on 4 slots (and on 16): each row's tokens, stop reason and log-probs (within 1e-6: other row
   counts and paddings in the matmuls) equal the static sampler's for the same key and row id; the slots grow
-  from the 16- to the 32-token prompt bucket on the way."""
+  from the 16- to the 32-token prompt bucket on the way, and a short prompt after that is prefilled at its own
+  bucket and moved right into the longer slots."""
   sp = SamplingParams(temperature=temperature, max_new_tokens=MAX_NEW)
   ids = [40 + 3 * n for n in range(len(PROMPTS))]
   static = _sampler(16).generate(PARAMS, PROMPTS, jax.random.key(3), sp, stop_sequences=[[8, 9]], row_ids=ids)
@@ -52,6 +53,9 @@ def test_refilling_rows_sample_what_the_static_sampler_samples(temperature):
   for slots_n in (4, 16):
     s = _sampler(slots_n)
     _same(slots.generate(s, PARAMS, PROMPTS, jax.random.key(3), sp, [[8, 9]], row_ids=ids), static)
+    prefills = {k[1:3] for k in s.compiles.keys if k[0] == "prefill"}  # (rows, prompt bucket)
+    if slots_n == 4 and temperature:  # after the 20-token prompt grew the slots to 32, a lone 7-token prompt
+      assert (1, 16) in prefills and (1, 32) in prefills, prefills  # fills at 16 (before: at the slots' 32)
 
 
 def test_refilling_rows_compute_fewer_slot_steps_and_count_them():
