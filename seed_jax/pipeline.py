@@ -207,15 +207,18 @@ def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills
   stand in (the OPD mask is all False, or the update scores H(h, s) with π_θ itself). The reference is None
   without a KL term."""
   cfg = rt.cfg
-  reuse = old_source != "rescore"
   # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
   with_skills = with_skills and distributed.any_process(samples.opd_mask_N.any())  # [scale] the same passes everywhere
   skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
-  contexts = ([] if reuse else [samples.prompts]) + skill_ctx
+  contexts = ([samples.prompts] if old_source == "rescore" else []) + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
                          images=samples.images)[0] if contexts else []
-  old = (None if old_source == "update" else [np.asarray(x, np.float32) for x in samples.sampled_logps]) if reuse \
-      else lp[0]
+  if old_source == "rescore":
+    old = lp[0]
+  elif old_source == "sampler":
+    old = [np.asarray(x, np.float32) for x in samples.sampled_logps]
+  else:  # "update": the update's own forward, under stop-gradient
+    old = None
   ref = None
   if rt.loss_cfg.kl_coef:
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
