@@ -26,6 +26,7 @@ kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real
   python -m benchmarks.update --compare=packing    # packed rows (the default) vs padded buckets
   python -m benchmarks.update --compare=refill     # rows that refill (the default) vs turn-by-turn rollout calls
   python -m benchmarks.update --compare=bf16       # fp32 (the default) vs bf16 matmuls in every phase
+  python -m benchmarks.update --compare=prefix     # shared-prefix prefill (the default) vs every prompt whole
 
 --compare runs each setting in its own child, the default one first; the JSON line holds both children's lines
 and the ratios (second over first) of each phase's wall time and forwarded tokens. For old_logps the update
@@ -112,6 +113,7 @@ def phase_report(spec, m: dict[str, Any], phase: str, peak_gflops: float) -> dic
              avg_response=round(t("response_real") / rows, 1) if rows else 0.0)
   if split:
     out["split"] = {k: round(v, 3) for k, v in split.items()}
+    out["prompt_reused"] = int(t("prompt_reused"))  # prompt positions taken from shared heads, not computed
   return out
 
 
@@ -187,6 +189,7 @@ COMPARE = {  # name -> (first child's settings, second child's settings)
     "old_logps": (["rescore.old_logps=auto"], ["rescore.old_logps=rescore"]),
     "packing": ([], ["learner.pack_length=0", "rescore.pack_length=0"]),
     "refill": ([], ["sampler.refill=False"]),  # rows that refill (the default) vs turn by turn
+    "prefix": ([], ["sampler.prefix_reuse_mb=0"]),  # shared-prefix prefill (the default) vs every prompt whole
     # fp32 (the default) vs bf16 matmuls in every phase (fp32 master weights, norms, softmax and loss)
     "bf16": ([], ["sampler.dtype=bfloat16", "rescore.dtype=bfloat16", "learner.dtype=bfloat16"]),
 }

@@ -164,6 +164,10 @@ def get_base() -> ml_collections.ConfigDict:
   # Rows that refill (seed_jax/slots.py): an episode's next turn enters a decode slot as soon as its env has
   # stepped, instead of each turn waiting for its longest reply; the same trajectories. One process only.
   c.sampler.refill = True
+  # > 0: a prompt reuses the keys and values of a head (chat header, instructions, task, steps so far) that an
+  # earlier prompt of the same call or rollout prefilled, and prefills only its tail (seed_jax/prefix.py); the
+  # prefilled prompts kept for that hold at most this many MB of cache. 0: every prompt prefilled whole.
+  c.sampler.prefix_reuse_mb = 1024
 
   c.rescore = ml_collections.ConfigDict()
   c.rescore.max_rows = 64  # contexts x samples per padded forward pass (pack_length 0); 0 = auto, as max_batch

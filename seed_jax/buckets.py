@@ -64,6 +64,7 @@ class TokenCount:
   response_real: int = 0
   rows_forwarded: int = 0
   rows_real: int = 0
+  prompt_reused: int = 0  # prompt positions a sampler took from a shared head instead of computing (prefix.py)
 
   @property
   def forwarded(self) -> int:
@@ -88,4 +89,5 @@ class TokenCount:
     return {f"{prefix}_forwarded": float(self.forwarded), f"{prefix}_real": float(self.real),
             f"{prefix}_response_forwarded": float(self.response_forwarded),
             f"{prefix}_response_real": float(self.response_real),
-            f"{prefix}_rows_forwarded": float(self.rows_forwarded), f"{prefix}_rows_real": float(self.rows_real)}
+            f"{prefix}_rows_forwarded": float(self.rows_forwarded), f"{prefix}_rows_real": float(self.rows_real),
+            f"{prefix}_prompt_reused": float(self.prompt_reused)}

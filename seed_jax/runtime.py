@@ -116,7 +116,8 @@ def _player_parts(cfg: ml_collections.ConfigDict, learner: bool) -> dict[str, An
   max_prompt = max(cfg.model.max_prompt_tokens, cfg.analyzer.max_prompt_tokens if cfg.analyzer.enabled else 0)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(
       max_prompt_len=max_prompt, max_batch=auto_rows(cfg, spec, mesh, "sampler.max_batch"),
-      dtype=cfg.sampler.dtype, prefill_chunk=cfg.sampler.prefill_chunk, refill=cfg.sampler.refill), mesh)
+      dtype=cfg.sampler.dtype, prefill_chunk=cfg.sampler.prefill_chunk, refill=cfg.sampler.refill,
+      prefix_reuse_mb=cfg.sampler.prefix_reuse_mb), mesh)
   return dict(cfg=cfg, mesh=mesh, spec=spec, tokenizer=tok, family=family, sampler=sampler, init_params=params,
               train_tasks=family.tasks(cfg.env, cfg.env.train_split), eval_tasks=tasks_lib.eval_panels(family, cfg),
               stop_sequences=[tok.encode(s) for s in cfg.rollout.stop_strings])

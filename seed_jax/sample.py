@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from seed_jax import images as images_lib
+from seed_jax import prefix
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
-from seed_jax.decode import STOP_NAMES, decode, start_rows
+from seed_jax.decode import STOP_NAMES, decode, front_pad, start_rows
 from seed_jax.infra import distributed
 from seed_jax.models import transformer as tf
 from seed_jax.models import vlm
@@ -110,6 +111,7 @@ class SamplerConfig:
   dtype: str  # compute dtype of weights and KV cache: "float32" or "bfloat16"
   prefill_chunk: int = 0  # > 0: prompts longer than this are prefilled in chunks of it (transformer.prefill)
   refill: bool = False  # rollouts on rows that refill (seed_jax/slots.py) where one process runs the job
+  prefix_reuse_mb: int = 0  # > 0: prompts reuse heads prefilled in the same call or rollout (seed_jax/prefix.py)
 
 
 class Sampler:
@@ -130,6 +132,21 @@ class Sampler:
     self.compiles = CompileCounter()
     self.tokens = TokenCount()
     self.times = {"prefill_s": 0.0, "decode_s": 0.0}  # wall time of the calls, summed
+    self.heads: prefix.Heads | None = None  # the open reuse scope's prefilled prompts (reuse_scope)
+
+  @contextlib.contextmanager
+  def reuse_scope(self):
+    """Prompts prefilled inside share their heads (seed_jax/prefix.py); the weights do not change inside. Text
+    prompts of one process (several would have to agree on every reuse)."""
+    opened = (self.heads is None and self.cfg.prefix_reuse_mb > 0 and self.spec.vision is None
+              and jax.process_count() == 1)
+    if opened:
+      self.heads = prefix.Heads(self.prompt_sizes, self.cfg.prefix_reuse_mb << 20)
+    try:
+      yield
+    finally:
+      if opened:
+        self.heads = None
 
   def generate(self, params, prompts: Sequence[Sequence[int]], key, sp: SamplingParams,
                stop_sequences: Sequence[Sequence[int]] = (), images: Sequence | None = None,
@@ -154,9 +171,10 @@ class Sampler:
     out: list[Generation] = []
     step = self.batch_sizes[-1]
     (calls,) = distributed.agree_max(-(-len(prompts) // step))  # every process makes the same calls
-    for start in range(0, calls * step, step):
-      out += self._generate_batch(params, prompts[start:start + step], key, row_ids[start:start + step], sp,
-                                  stop_NL, images[start:start + step])
+    with self.reuse_scope():
+      for start in range(0, calls * step, step):
+        out += self._generate_batch(params, prompts[start:start + step], key, row_ids[start:start + step], sp,
+                                    stop_NL, images[start:start + step])
     return out
 
   def check_prompt(self, i: int, prompt: Sequence[int]) -> None:
@@ -228,7 +246,13 @@ class Sampler:
 
   def _prefill(self, params, unique, frames_U, U: int, Pn: int, max_new: int, rows=lambda a: a):
     """The KV cache (Pn + max_new slots), next-token logits and next positions of prompts `unique` (with their
-    frames), left-padded into U rows of Pn; counts the prompt positions and the wall time."""
+    frames), left-padded into U rows of Pn; counts the prompt positions and the wall time. Inside a reuse
+    scope, text prompts reuse the heads prefilled before them."""
+    if self.heads is not None and all(f is None for f in frames_U):
+      return self._prefill_reusing(params, unique, U, Pn, max_new)
+    return self._prefill_full(params, unique, frames_U, U, Pn, max_new, rows)
+
+  def _prefill_full(self, params, unique, frames_U, U: int, Pn: int, max_new: int, rows=lambda a: a):
     tokens_UP = np.zeros((U, Pn), np.int32)
     valid_UP = np.zeros((U, Pn), bool)
     for u, p in enumerate(unique):
@@ -248,6 +272,59 @@ class Sampler:
     self.times["prefill_s"] += time.perf_counter() - t0
     self.tokens.add(TokenCount(prompt_forwarded=U * Pn, prompt_real=sum(map(len, unique))))
     return out
+
+  def _prefill_reusing(self, params, unique, U: int, Pn: int, max_new: int):
+    """`_prefill` where prompts share heads (prefix.Heads): the prompts with no head to reuse are prefilled
+    together, then each other one prefills its tail after the head it shares with a prompt prefilled before it
+    (in this call or earlier in the scope), into its row of the U rows of Pn + max_new slots."""
+    heads, chunk, dtype = self.heads, self.cfg.prefill_chunk, jnp.dtype(self.cfg.dtype)
+    tail = lambda p, s: bucket(len(p) - s, self.prompt_sizes, "prompt length")
+    # The tail attends its [T, s + T] scores at once (prefill_after_head): rows long enough to attend tile by
+    # tile, or prefilled in chunks, are prefilled whole.
+    fits = lambda p: lambda s: (s + tail(p, s) <= Pn and not 0 < chunk < tail(p, s)
+                                and not self.spec.blockwise(s + tail(p, s)))
+    plan: list[tuple[prefix.Entry | None, tuple[prefix.Entry, int] | None]] = []  # kept entry, (source, head)
+    for p in unique:
+      entry = prefix.Entry(np.asarray(p, np.int32), Pn * prefix.slot_bytes(self.spec, dtype))
+      match = heads.match(entry.ids, fits(p))
+      sources = [m[0] for _, m in plan + [(None, match)] if m is not None]  # kept while this call runs
+      plan.append((entry if heads.keep(entry, sources) else None, match))
+    full = [u for u, (_, m) in enumerate(plan) if m is None]
+    if full:
+      cache, logits, pos = self._prefill_full(params, [unique[u] for u in full], [None] * len(full),
+                                              bucket(len(full), self.batch_sizes, "batch"), Pn, max_new)
+      for i, u in enumerate(full):
+        if (entry := plan[u][0]) is not None:
+          entry.cache, entry.slot_N = prefix.row(cache, i, Pn), Pn - len(entry.ids) + np.arange(len(entry.ids))
+      if len(full) == len(unique):
+        return cache, logits, pos
+      at = {u: i for i, u in enumerate(full)}
+      cache, logits, pos = prefix.take_rows(cache, logits, pos, jnp.asarray([at.get(u, 0) for u in range(U)]))
+    else:
+      cache = tf.KVCache.create(self.spec, U, Pn + max_new, dtype).replace(end=jnp.asarray(Pn, jnp.int32))
+      logits, pos = jnp.zeros((U, self.spec.vocab_size), jnp.float32), jnp.zeros((U,), jnp.int32)
+    t0 = time.perf_counter()
+    for u, (entry, match) in enumerate(plan):
+      if match is None:
+        continue
+      (src, s), p = match, unique[u]
+      t, Tn = len(p) - s, tail(p, s)
+      tokens_1T, valid_1T = np.zeros((1, Tn), np.int32), np.zeros((1, Tn), bool)
+      tokens_1T[0, Tn - t:], valid_1T[0, Tn - t:] = p[s:], True
+      if self.compiles.see(("prefill_tail", s, Tn, max_new, self.cfg.dtype)):
+        log.info("compiling prefill after a shared head: head %d, tail %d (%d programs)", s, Tn, self.compiles.count)
+      head_k, head_v = prefix.take_head(src.cache, jnp.asarray(src.slot_N[:s], jnp.int32))
+      one, logits_1V, pos_1 = prefix.prefill_tail(params, head_k, head_v, tokens_1T, valid_1T, spec=self.spec,
+                                                  dtype=dtype, max_new=max_new)
+      if entry is not None:  # its tokens' slots once front-padded to the call's Pn
+        pad = Pn - s - Tn
+        entry.cache = prefix.row(front_pad(one, pad), 0, Pn)
+        entry.slot_N = pad + np.concatenate([np.arange(s), s + Tn - t + np.arange(t)])
+      cache, logits, pos = prefix.put_row(cache, logits, pos, one, logits_1V, pos_1, jnp.int32(u))
+      self.tokens.add(TokenCount(prompt_forwarded=Tn, prompt_real=t, prompt_reused=s))
+    jax.block_until_ready(cache)
+    self.times["prefill_s"] += time.perf_counter() - t0
+    return cache, logits, pos
 
 
 def _distinct(prompts, frames):

@@ -57,7 +57,7 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
   floats = (jnp.float32(max(sp.temperature, 1e-6)), jnp.float32(sp.top_p), jnp.asarray(sampler.eos_E), stop_NL)
   busy: dict[int, Request] = {}  # slot -> its request
   rows, Pn = None, 0
-  with sampler._on_mesh():
+  with sampler._on_mesh(), sampler.reuse_scope():  # a prompt reuses the heads of those prefilled before it
     ready = decode.prepare_params(params, dtype=static["dtype"])  # for every decode call below
     while waiting or busy:
       if waiting and len(busy) < S:

@@ -108,7 +108,8 @@ def collect(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str
   family = get_family(cfg.env.name)
   sampler = Sampler(spec, tok.eos_ids, SamplerConfig(max_prompt_len=cfg.model.max_prompt_tokens,
                                                      max_batch=cfg.sampler.max_batch, dtype=cfg.sampler.dtype,
-                                                     refill=cfg.sampler.refill), mesh)
+                                                     refill=cfg.sampler.refill,
+                                                     prefix_reuse_mb=cfg.sampler.prefix_reuse_mb), mesh)
   sp = SamplingParams(*sampling(cfg, "collect"))
   stops = [tok.encode(s) for s in cfg.rollout.stop_strings]
   generate, serve = sampler.rollout_fn(params, sp, stops), slots.server(sampler, params, sp, stops)
@@ -178,7 +179,8 @@ def _backend(cfg: ml_collections.ConfigDict, items: list[tuple[int, Trajectory]]
     spec = spec.with_attention(cfg.model)
     ltok = load.load_tokenizer(ac.local_model_path)
     sampler = Sampler(spec, ltok.eos_ids, SamplerConfig(max_prompt_len=ac.max_prompt_tokens,
-                                                        max_batch=ac.local_max_batch, dtype=ac.local_dtype), mesh)
+                                                        max_batch=ac.local_max_batch, dtype=ac.local_dtype,
+                                                        prefix_reuse_mb=cfg.sampler.prefix_reuse_mb), mesh)
     sp = SamplingParams(*sampling(cfg, "annotate"))
     analyzer = analyzers.PolicyAnalyzer(
         lambda texts: sampler.generate_text(params, texts, jax.random.key(cfg.seed), sp, ltok))
