@@ -64,7 +64,9 @@ class TokenCount:
   response_real: int = 0
   rows_forwarded: int = 0
   rows_real: int = 0
-  prompt_reused: int = 0  # prompt positions a sampler took from a shared head instead of computing (prefix.py)
+  # Prompt positions a sampler took from a shared head instead of computing (prefix.py): counted in prompt_real
+  # (the prompts' length), not in prompt_forwarded (what was computed).
+  prompt_reused: int = 0
 
   @property
   def forwarded(self) -> int:

@@ -321,7 +321,7 @@ class Sampler:
         entry.cache = prefix.row(front_pad(one, pad), 0, Pn)
         entry.slot_N = pad + np.concatenate([np.arange(s), s + Tn - t + np.arange(t)])
       cache, logits, pos = prefix.put_row(cache, logits, pos, one, logits_1V, pos_1, jnp.int32(u))
-      self.tokens.add(TokenCount(prompt_forwarded=Tn, prompt_real=t, prompt_reused=s))
+      self.tokens.add(TokenCount(prompt_forwarded=Tn, prompt_real=len(p), prompt_reused=s))
     jax.block_until_ready(cache)
     self.times["prefill_s"] += time.perf_counter() - t0
     return cache, logits, pos

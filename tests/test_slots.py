@@ -30,11 +30,12 @@ def _sampler(max_batch: int, eos=EOS, refill: bool = False) -> Sampler:
                                           dtype="float32", refill=refill))
 
 
-def _same(a, b):
+def _same(a, b, atol: float = 1e-6):
+  """The same tokens and stop reasons, log-probs within atol."""
   assert [g.tokens for g in a] == [g.tokens for g in b]
   assert [g.stop_reason for g in a] == [g.stop_reason for g in b]
   for x, y in zip(a, b):
-    np.testing.assert_allclose(x.logps, y.logps, atol=1e-6)
+    np.testing.assert_allclose(x.logps, y.logps, atol=atol)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
