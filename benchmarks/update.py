@@ -19,6 +19,8 @@ positions (decode steps, scored responses) attend the whole prompt plus the resp
 The update counts 3x the forward (backward = 2x; learner.remat would add one more forward).
 `ideal_forwarded_s` is the same over the forwarded positions: ideal_forwarded_s / wall_s is how fast the
 kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real tokens.
+`decode` is the rollout's decode step (its time over the decode loops' iterations) against its weight-read floor
+(`decode_report`); `decode_over_floor` their ratio.
 
   python -m benchmarks.update [--size default|big] [--warm] [--set rescore.old_logps=rescore ...]
   python -m benchmarks.update --config=sokoban --set model.path=DIR  # another env config (configs/<module>)
@@ -124,6 +126,26 @@ def slot_steps_over_real(m: dict[str, Any]) -> float | None:
   return round(t("forwarded") / t("real"), 4) if t("real") else None
 
 
+def decode_report(spec, m: dict[str, Any], n_params: int, dtype: str, bandwidth_gbs: float) -> dict[str, Any]:
+  """The rollout's decode step against the time to read what it must read once: the weights in the sampler's
+  dtype and the keys and values of its rows' real tokens (each row at its prompt plus half its reply), at the
+  bandwidth measured in this run."""
+  t = lambda k: float(m.get(f"tokens/rollout_{k}", 0.0))
+  steps = t("decode_steps")
+  if not steps:
+    return {}
+  item = 2 if dtype == "bfloat16" else 4
+  rows_real = t("rows_real")
+  prompt, response = (t("real") - t("response_real")) / rows_real, t("response_real") / rows_real
+  rows = t("response_forwarded") / steps  # rows (slots) forwarded per step
+  kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * rows * (prompt + response / 2)
+  step_ms = float(m["time/rollout_decode_s"]) / steps * 1e3
+  floor_ms = (n_params * item + kv) / (bandwidth_gbs * 1e9) * 1e3
+  return dict(steps=int(steps), rows_per_step=round(rows, 2), ms_per_step=round(step_ms, 2),
+              floor_ms=round(floor_ms, 2), floor_s=round(steps * floor_ms / 1e3, 3),
+              bandwidth_gbs=round(bandwidth_gbs, 1), dtype=dtype)
+
+
 def run_update(a) -> dict[str, Any]:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -162,6 +184,8 @@ def run_update(a) -> dict[str, Any]:
   peaks.append(common.matmul_peak_gflops())
   peak = max(peaks)
   phases = {p: phase_report(rt.spec, m, p, peak) for p in PHASES}
+  n_params = sum(x.size for x in jax.tree.leaves(rt.init_params))
+  dec = decode_report(rt.spec, m, n_params, cfg.sampler.dtype, common.stream_bandwidth_gbs())
   wall = lambda ps: sum(phases[p]["wall_s"] for p in ps)
   outside = ("analysis", "rescore", "update")
   fwd = sum(phases[p]["forwarded_tokens"] for p in ("rescore", "update"))
@@ -177,7 +201,8 @@ def run_update(a) -> dict[str, Any]:
       analysis_rescore_over_rollout=round(wall(("analysis", "rescore")) / wall(("rollout",)), 4),
       efficiency_outside_rollout=round(sum(phases[p]["ideal_s"] for p in outside) / wall(outside), 4),
       real_over_forwarded=round(sum(phases[p]["real_tokens"] for p in ("rescore", "update")) / fwd, 4) if fwd else None,
-      decode_slot_steps_over_real=slot_steps_over_real(m), refill=bool(cfg.sampler.refill),
+      decode_slot_steps_over_real=slot_steps_over_real(m), refill=bool(cfg.sampler.refill), decode=dec,
+      decode_over_floor=round(dec["ms_per_step"] / dec["floor_ms"], 2) if dec else None,
       compiles=compiles, peak_rss_mb=round(common.peak_rss_mb()),
       old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
       old_logps_from_update=bool(m.get("rescore/old_logps_from_update", 0.0)),

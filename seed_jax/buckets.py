@@ -67,6 +67,8 @@ class TokenCount:
   # Prompt positions a sampler took from a shared head instead of computing (prefix.py): counted in prompt_real
   # (the prompts' length), not in prompt_forwarded (what was computed).
   prompt_reused: int = 0
+  # Iterations of a sampler's decode loop, each one forward of all its rows or slots (response_forwarded / rows).
+  decode_steps: int = 0
 
   @property
   def forwarded(self) -> int:
@@ -92,4 +94,4 @@ class TokenCount:
             f"{prefix}_response_forwarded": float(self.response_forwarded),
             f"{prefix}_response_real": float(self.response_real),
             f"{prefix}_rows_forwarded": float(self.rows_forwarded), f"{prefix}_rows_real": float(self.rows_real),
-            f"{prefix}_prompt_reused": float(self.prompt_reused)}
+            f"{prefix}_prompt_reused": float(self.prompt_reused), f"{prefix}_decode_steps": float(self.decode_steps)}

@@ -232,7 +232,7 @@ class Sampler:
     # The decode loop runs until its longest row ends: every row, padding included, pays for those steps.
     steps = int(distributed.agree_max(int(lens_N.max(initial=0)))[0])  # the loop ran for the longest row anywhere
     self.tokens.add(TokenCount(response_forwarded=B * steps, response_real=int(lens_N.sum()),
-                               rows_forwarded=B, rows_real=len(prompts)))
+                               rows_forwarded=B, rows_real=len(prompts), decode_steps=steps))
     return [Generation(tokens=toks[b, :lens[b]].tolist(), logps=logps[b, :lens[b]].tolist(),
                        stop_reason=STOP_NAMES[reason[b]]) for b in range(len(prompts))]
 

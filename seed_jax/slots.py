@@ -87,7 +87,8 @@ def serve(sampler: Sampler, params, requests: Sequence[Request], sp: SamplingPar
       toks_BN, logps_BN = jax.device_get((rows.tokens_BN, rows.logps_BN))
       out = [(busy.pop(b), Generation(tokens=toks_BN[b, :lens_B[b]].tolist(), logps=logps_BN[b, :lens_B[b]].tolist(),
                                       stop_reason=decode.STOP_NAMES[reason_B[b]])) for b in finished]
-      sampler.tokens.add(TokenCount(response_forwarded=S * (int(rows.steps) - steps_before),
+      steps = int(rows.steps) - steps_before
+      sampler.tokens.add(TokenCount(response_forwarded=S * steps, decode_steps=steps,
                                     response_real=int(sum(lens_B[b] for b in finished))))
       for r in on_done(out):
         sampler.check_prompt(len(waiting), r.ids)  # its place in the queue

@@ -154,6 +154,7 @@ def test_token_counts_are_the_bucketed_slots_and_the_real_lengths():
   assert (t.rows_forwarded, t.rows_real) == (3, 3)
   assert (t.prompt_forwarded, t.prompt_real) == (2 * 16 + 1 * 16, 5 + 12 + 1)
   assert t.response_forwarded == 2 * max(lens[:2]) + 1 * lens[2] and t.response_real == sum(lens)
+  assert t.decode_steps == max(lens[:2]) + lens[2]  # one loop per batch, to its longest row
   assert t.forwarded == t.prompt_forwarded + t.response_forwarded and t.real == 18 + sum(lens)
   before = t.copy()
   s.generate(PARAMS, PROMPTS[3:], jax.random.key(0), sp)  # one 9-token prompt: 1 row x 16

@@ -12,6 +12,11 @@ as the learner's. TRL's phases: `generation` (its `_generate`), `reference` (the
 `training` (the rest of the step: forward, backward, optimizer, reward bookkeeping); medians of the updates
 after the first (which warms caches up).
 
+`ratio.ceiling_whole_update` bounds what any implementation could show on this work here: TRL's whole update over
+the GRPO arm's FLOP-ideal time (every phase's real tokens at the matmul peak measured in seed_jax's run; decode
+counted by its FLOPs, not its weight reads, and no recomputed forward: a bound from below on the time, so from
+above on the ratio). `ideal_over_actual`: that ideal time over each side's whole update.
+
 `--dtype=bfloat16` compares mixed precision on CPUs with native bf16 (AVX512_BF16 / AMX): seed_jax's
 `sampler.dtype`, `rescore.dtype` and `learner.dtype` at bfloat16 (fp32 master weights and loss), TRL's `bf16=True`
 (the Trainer's CPU autocast: fp32 weights, bf16 matmuls). The default is fp32 on both sides.
@@ -117,6 +122,7 @@ def _ours(arm: str, sets: list[str]) -> dict:
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   ph = out["phases"]
   split = ph["rollout"]["split"]
+  out["ideal_s"] = round(sum(p["ideal_s"] for p in ph.values()), 3)
   out["seconds"] = dict(generation=round(split["prefill_s"] + split["decode_s"], 3), env=split["env_s"],
                         rollout=ph["rollout"]["wall_s"], analysis=ph["analysis"]["wall_s"],
                         reference=ph["rescore"]["wall_s"], training=ph["update"]["wall_s"],
@@ -168,12 +174,17 @@ def main() -> None:
              trl=trl, seed_jax={arm: dict(seconds=o["seconds"], step_samples=o["step_samples"],
                                           avg_prompt=o["phases"]["rollout"]["avg_prompt"],
                                           avg_response=o["phases"]["rollout"]["avg_response"],
-                                          peak_rss_mb=o["peak_rss_mb"]) for arm, o in ours.items()},
+                                          peak_rss_mb=o["peak_rss_mb"], ideal_s=o["ideal_s"],
+                                          matmul_peak_gflops=o["matmul_peak_gflops"], decode=o.get("decode"))
+                       for arm, o in ours.items()},
              ratio={"whole_update": round(t["update"] / s["update"], 3),
                     "whole_update_without_env": round(t["update"] / (s["update"] - s["env"]), 3),
                     "generation": round(t["generation"] / s["generation"], 3),
                     "reference": round(t["reference"] / s["reference"], 3),
-                    "training": round(t["training"] / s["training"], 3)})
+                    "training": round(t["training"] / s["training"], 3),
+                    "ceiling_whole_update": round(t["update"] / g["ideal_s"], 3)},
+             ideal_over_actual={"trl": round(g["ideal_s"] / t["update"], 3),
+                                "seed_jax": round(g["ideal_s"] / s["update"], 3)})
   if "seed" in ours:
     out["seed_over_grpo_update"] = round(ours["seed"]["seconds"]["update"] / s["update"], 3)
   common.emit(out)
