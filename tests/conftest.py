@@ -1,17 +1,12 @@
 """Test-wide setup: the shared helpers importable from every test folder, 8 fake CPU devices so sharding is
-exercised without accelerators, quick compiles, and JAX's persistent compilation cache for the session and its
-subprocesses (which keep the session's XLA flags with their own device count: helpers.xla_flags)."""
+exercised without accelerators, and JAX's persistent compilation cache for the session and its subprocesses."""
 import os
 import sys
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)  # helpers.py, envs_helpers.py, ... for tests/ and tests/<package folder>/
 
-# Tests compile far more than they compute (tiny models, many shapes), and LLVM's optimization passes are most of
-# an XLA:CPU compile: without them the tests run ~1.3x faster (AMD EPYC Zen 3, docs/benchmarks.md). Library
-# kernels (the dots) are not compiled, so they run as fast; the runs themselves keep XLA's default.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Environment variables, not jax.config, so that subprocesses (seed_jax.main, multihost workers) share it.

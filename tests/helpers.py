@@ -9,15 +9,6 @@ TESTS = pathlib.Path(__file__).resolve().parent
 REPO = TESTS.parent
 FIXTURES = TESTS / "fixtures"
 
-
-
-def xla_flags(devices: int) -> str:
-  """The session's XLA_FLAGS (conftest) with `devices` fake CPU devices instead of its 8: a subprocess's."""
-  import os
-  keep = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-  return " ".join(keep + [f"--xla_force_host_platform_device_count={devices}"])
-
-
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,
             rope_theta=10000.0)

@@ -22,10 +22,8 @@ ARGS.add_argument("--out", required=True)  # .npz of the full state (written by 
 ARGS.add_argument("--watch_poll_s", type=float, default=None)  # peers.POLL_S: 0 keeps the watcher inside its reads
 A = ARGS.parse_args()
 
-# Before jax is imported: the parent's XLA_FLAGS with this process's own device count.
-from helpers import xla_flags  # noqa: E402  (numpy only)
-
-os.environ["XLA_FLAGS"] = xla_flags(A.devices)
+# Before jax is imported: this process's own device count (the parent's XLA_FLAGS are replaced).
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={A.devices}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

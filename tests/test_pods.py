@@ -14,8 +14,6 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import xla_flags
-
 pytestmark = pytest.mark.slow  # real simulators and several seed_jax.main processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +69,7 @@ def _port() -> int:
 
 
 def _launch(cfg_file, workdir, processes: int, devices: int, *extra: str, port: int | None = None):
-  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
   port = port or _port()
   procs = []
   for p in range(processes):
