@@ -89,6 +89,16 @@ def stream_bandwidth_gbs(mb: int = 1024, runs: int = 7) -> float:
 forward_flops_per_token = spec_lib.forward_flops_per_token
 
 
+def decode_read_floor(spec, n_params: int, dtype: str, rows: float, attended: float,
+                      bandwidth_gbs: float) -> tuple[float, float, float]:
+  """(floor ms, weight bytes, KV bytes) of one decode step: every weight in `dtype` and the keys and values of
+  `rows` rows attending `attended` positions each, read once at `bandwidth_gbs`."""
+  item = 2 if dtype == "bfloat16" else 4
+  weights = n_params * item
+  kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * rows * attended
+  return (weights + kv) / (bandwidth_gbs * 1e9) * 1e3, weights, kv
+
+
 def load_torch(model_dir: str):
   """The HF PyTorch model (fp32, eval, default attention) on TORCH_THREADS threads."""
   import torch

@@ -56,11 +56,9 @@ def child_jax(a, dtype: str) -> dict:
 def decode_floor(spec, params, a, dtype: str, step_ms: float) -> dict:
   """The decode step against the time to read what it must read once (see the module docstring)."""
   import jax
-  item = 2 if dtype == "bfloat16" else 4
-  weights = sum(x.size for x in jax.tree.leaves(params)) * item
-  kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * a.batch * (a.prompt + a.new / 2)
   bandwidth = common.stream_bandwidth_gbs()
-  floor_ms = (weights + kv) / (bandwidth * 1e9) * 1e3
+  floor_ms, weights, kv = common.decode_read_floor(spec, sum(x.size for x in jax.tree.leaves(params)), dtype,
+                                                   a.batch, a.prompt + a.new / 2, bandwidth)
   proj_ms = projections_ms(spec, dtype, a.batch)
   return dict(ms_per_step=round(step_ms, 2), floor_ms=round(floor_ms, 2), over_floor=round(step_ms / floor_ms, 2),
               projections_ms=round(proj_ms, 2), projections_over_floor=round(proj_ms / floor_ms, 2),

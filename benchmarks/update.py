@@ -134,13 +134,11 @@ def decode_report(spec, m: dict[str, Any], n_params: int, dtype: str, bandwidth_
   steps = t("decode_steps")
   if not steps:
     return {}
-  item = 2 if dtype == "bfloat16" else 4
   rows_real = t("rows_real")
   prompt, response = (t("real") - t("response_real")) / rows_real, t("response_real") / rows_real
   rows = t("response_forwarded") / steps  # rows (slots) forwarded per step
-  kv = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * item * rows * (prompt + response / 2)
   step_ms = float(m["time/rollout_decode_s"]) / steps * 1e3
-  floor_ms = (n_params * item + kv) / (bandwidth_gbs * 1e9) * 1e3
+  floor_ms = common.decode_read_floor(spec, n_params, dtype, rows, prompt + response / 2, bandwidth_gbs)[0]
   return dict(steps=int(steps), rows_per_step=round(rows, 2), ms_per_step=round(step_ms, 2),
               floor_ms=round(floor_ms, 2), floor_s=round(steps * floor_ms / 1e3, 3),
               bandwidth_gbs=round(bandwidth_gbs, 1), dtype=dtype)
