@@ -250,8 +250,8 @@ def get_base() -> ml_collections.ConfigDict:
 
   j = c.compile_cache = ml_collections.ConfigDict()  # JAX's persistent compilation cache
   j.enabled = True
-  j.dir = ""  # "" = ~/.cache/seed_jax/jax_compilation_cache
-  j.min_compile_time_s = 1.0  # programs that compile faster are not written
+  j.dir = ""  # "" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/seed_jax/jax_compilation_cache
+  j.min_compile_time_s = -1.0  # programs that compile faster are not written; < 0: JAX's env variable, else 1 s
 
   g = c.log = ml_collections.ConfigDict()
   g.jsonl_name = "metrics.jsonl"  # per-step scalars, one JSON object per line, in the workdir

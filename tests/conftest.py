@@ -9,9 +9,11 @@ sys.path.insert(0, TESTS)  # helpers.py, envs_helpers.py, ... for tests/ and tes
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Environment variables, not jax.config, so that subprocesses (seed_jax.main, multihost workers) share it.
+# Environment variables, not jax.config, so that subprocesses (seed_jax.main, multihost workers) share it. Every
+# program is kept: the suite's subprocesses compile the same small programs again and again (a tiny-model run of
+# seed_jax.main compiles ~190, most under 1 s), and a cache read costs milliseconds.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(TESTS), ".pytest_cache", "jax_cache"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest
 
