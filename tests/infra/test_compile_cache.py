@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from helpers import REPO as ROOT
+from seed_jax.infra import compile_cache
 _PROGRAM = """
 import sys
 from seed_jax.infra import compile_cache
@@ -36,3 +37,14 @@ def test_second_process_reads_the_cache(tmp_path):
   again, hits = _run(folder)
   assert again == value and hits >= 1
   assert sorted(os.listdir(folder)) == files  # nothing new was compiled and written
+
+
+def test_jax_own_environment_variables_are_the_defaults(monkeypatch, tmp_path):
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "c"))
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.25")
+  assert compile_cache.default_dir() == str(tmp_path / "c") and compile_cache.default_min_compile_time_s() == 0.25
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+  monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+  assert compile_cache.default_dir() == str(tmp_path / "x" / "seed_jax" / "jax_compilation_cache")
+  assert compile_cache.default_min_compile_time_s() == 1.0
