@@ -364,9 +364,13 @@ def test_sciworld_smoke_update_with_policy_analyzer(tiny_model_dir, tmp_path):
   c.analyzer.max_new_tokens, c.analyzer.max_prompt_tokens = 8, 1024  # the policy itself analyzes (greedy)
   c.learner.minibatch_size, c.learner.micro_batch_size = 4, 2
   c.train.num_updates, c.eval.at_end = 1, False
+  # The config's warm start first (SciWorld's gold-path demos, SFT), at its smallest: 2 demo tasks, one epoch
+  c.warmstart.num_tasks, c.warmstart.envs, c.sft.epochs = 2, 2, 1
+  c.warmstart.cache_dir = str(tmp_path / "warmstart_cache")
   validate(c)
-  out = loop.train(c, str(tmp_path))
+  out = loop.train(c, str(tmp_path / "run"))
   m = out["metrics"]
   assert m["rollout/episodes"] == 2 and m["rollout/env_errors"] == 0 and m["rollout/episode_length"] == 2
   assert 0.0 <= m["analysis/parse_rate"] <= 1.0 and m["update/optimizer_steps"] == 1
-  assert os.path.exists(os.path.join(str(tmp_path), "dumps", "skills_step000000.jsonl"))
+  assert os.path.exists(os.path.join(str(tmp_path), "run", "dumps", "skills_step000000.jsonl"))
+  assert len(os.listdir(tmp_path / "warmstart_cache")) == 1  # the warm start it trained
