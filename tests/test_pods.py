@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from test_pipeline import analyst_url  # noqa: F401  (the fixture: the stand-in analyzer on loopback)
 
 pytestmark = pytest.mark.slow  # real simulators and several seed_jax.main processes
 
@@ -159,20 +160,7 @@ def _same_update(a: dict, b: dict):
 
 
 @pytest.fixture(scope="module")
-def analyst():
-  """The OpenAI-compatible stand-in analyzer of tests/test_pipeline.py on loopback: skills for a deterministic
-  half of the episodes, so the skill context is re-scored and the distillation term trains."""
-  from http.server import ThreadingHTTPServer
-  import threading
-  from test_pipeline import _Analyst
-  server = ThreadingHTTPServer(("127.0.0.1", 0), _Analyst)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-  server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_model_dir, analyst, tmp_path_factory):
+def runs(tiny_model_dir, analyst_url, tmp_path_factory):
   """With the stand-in analyzer's skills: 1 x 8 for three updates in the packed layouts; 2 x 4 for two in the
   padded layouts (one sequence per row: every step-sample's rows in their process's block), then resumed in
   1 x 8, packed, for the third. Packed and padded give the same updates (tests/test_packing.py), so one pair of
@@ -180,10 +168,10 @@ def runs(tiny_model_dir, analyst, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("pods")
   one, two = str(tmp / "one"), str(tmp / "two")
   padded = ("--config.rescore.pack_length=0", "--config.learner.pack_length=0")
-  times = {"1x8, 3 updates": _run(tmp, tiny_model_dir, 3, 1, 8, one, "one", analyst, evals=True)}
-  times["2x4, 2 updates"] = _run(tmp, tiny_model_dir, 2, 2, 4, two, "two", analyst, padded, evals=True)
+  times = {"1x8, 3 updates": _run(tmp, tiny_model_dir, 3, 1, 8, one, "one", analyst_url, evals=True)}
+  times["2x4, 2 updates"] = _run(tmp, tiny_model_dir, 2, 2, 4, two, "two", analyst_url, padded, evals=True)
   shutil.copytree(two, str(tmp / "two_after_2"))
-  times["1x8 resuming 2x4, update 3"] = _run(tmp, tiny_model_dir, 3, 1, 8, two, "resume", analyst, evals=True)
+  times["1x8 resuming 2x4, update 3"] = _run(tmp, tiny_model_dir, 3, 1, 8, two, "resume", analyst_url, evals=True)
   print("wall times (s):", {k: round(v, 1) for k, v in times.items()})
   return dict(one=one, two=str(tmp / "two_after_2"), resumed=two, model=tiny_model_dir)
 
