@@ -5,6 +5,7 @@ merges and special tokens, with the pre-tokenizer that the file's `tokenizer.ggm
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Sequence
 
@@ -73,11 +74,28 @@ def encode_chat(tokenizer, user_message: str, image=None) -> list[int]:
   return tokenizer.encode_chat(user_message) if image is None else tokenizer.encode_chat(user_message, image=image)
 
 
+# tokenizer_config.json classes that AutoTokenizer resolves to transformers' generic tokenizers-backed class (the
+# class of seed_jax's own exports): loaded as that class directly, the same object AutoTokenizer builds, without
+# importing transformers' model-config machinery (which imports PyTorch where it is installed: ~3 s a process).
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def from_hf_folder(path: str) -> Tokenizer:
-  from transformers import AutoTokenizer
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer folder not found: {path!r}")
+  if _config_class(path) in GENERIC_CLASSES:
+    from transformers import PreTrainedTokenizerFast  # TokenizersBackend, under its older name
+    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True))
+  from transformers import AutoTokenizer
   return Tokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+
+def _config_class(path: str) -> str | None:
+  try:
+    with open(os.path.join(path, "tokenizer_config.json")) as f:
+      return json.load(f).get("tokenizer_class")
+  except (OSError, ValueError):
+    return None  # AutoTokenizer reports what is missing or malformed
 
 
 def from_gguf(path: str) -> Tokenizer:
