@@ -58,6 +58,21 @@ def to_jsonable(x: Any) -> Any:
   return str(x)
 
 
+def _tensorboardx():
+  """tensorboardX, imported without PyTorch: its writer module imports torch, where installed, only to accept
+  torch tensors (~2 s of a process's start); this writer passes Python floats. A `None` in sys.modules makes
+  that import fail as if torch were absent, for the duration of this import only."""
+  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    import tensorboardX  # pylint: disable=import-outside-toplevel
+    return tensorboardX
+  sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    import tensorboardX  # pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules["torch"]
+  return tensorboardX
+
+
 class MetricsWriter:
   """Writes one flat dict of scalars per step. With `is_writer=False` every write is a no-op."""
 
@@ -74,8 +89,7 @@ class MetricsWriter:
     # Appending keeps the history across restarts; `rewind` drops what a resumed run redoes.
     self._jsonl = open(os.path.join(workdir, cfg.jsonl_name), "a", encoding="utf-8")
     if cfg.tensorboard:
-      import tensorboardX  # pylint: disable=import-outside-toplevel
-      self._tb = tensorboardX.SummaryWriter(logdir=os.path.join(workdir, cfg.tb_subdir))
+      self._tb = _tensorboardx().SummaryWriter(logdir=os.path.join(workdir, cfg.tb_subdir))
     if cfg.wandb:
       try:
         import wandb  # pylint: disable=import-outside-toplevel

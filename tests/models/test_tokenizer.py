@@ -1,5 +1,8 @@
 """The embedded GGUF tokenizer against Hugging Face `transformers`' conversion of the same file."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -27,3 +30,31 @@ def test_gguf_tokenizer_matches_transformers_conversion(smollm2):
   tokens, mask = tok.encode_batch_left_padded(["a b c", "hello"])
   assert mask.sum(1).tolist() == [len(tok.encode("a b c")), len(tok.encode("hello"))]
   assert (tokens[~mask] == tok.pad_id).all() and not mask[1, 0]
+
+
+def test_an_export_folder_loads_as_autotokenizer_loads_it_without_pytorch(tiny_model_dir):
+  """seed_jax's exports name transformers' generic tokenizers-backed class: from_hf_folder builds that class
+  directly, the object AutoTokenizer builds (same class, ids, template, special tokens), and a fresh process
+  loading it and opening a TensorBoard writer imports no PyTorch (seconds of every seed_jax.main start)."""
+  from transformers import AutoTokenizer
+  from seed_jax.models import tokenizer as tokenizer_lib
+  with open(os.path.join(tiny_model_dir, "tokenizer_config.json")) as f:
+    assert json.load(f)["tokenizer_class"] in tokenizer_lib.GENERIC_CLASSES
+  tok = tokenizer_lib.from_hf_folder(tiny_model_dir).hf
+  ref = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+  assert type(tok) is type(ref) and tok.init_kwargs == ref.init_kwargs and tok.get_vocab() == ref.get_vocab()
+  for text in ("Hello world", "<|im_start|>user\nhi<|im_end|>", "naïve café 日本語 12345", ""):
+    assert tok.encode(text) == ref.encode(text)
+  chat = [{"role": "user", "content": "Open the door."}]
+  assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == ref.apply_chat_template(
+      chat, tokenize=False, add_generation_prompt=True)
+  assert tok.all_special_ids == ref.all_special_ids and tok.pad_token_id == ref.pad_token_id
+  probe = ("import sys, tempfile, ml_collections\n"
+           "from seed_jax.models import load\n"
+           "from seed_jax.infra.metrics import MetricsWriter\n"
+           f"load.load_tokenizer({tiny_model_dir!r})\n"
+           "cfg = ml_collections.ConfigDict(dict(jsonl_name='m.jsonl', tensorboard=True, tb_subdir='tb', wandb=False))\n"
+           "MetricsWriter(tempfile.mkdtemp(), True, cfg).write(1, {'a': 1.0})\n"
+           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
