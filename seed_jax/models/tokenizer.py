@@ -93,9 +93,10 @@ def from_hf_folder(path: str) -> Tokenizer:
 def _config_class(path: str) -> str | None:
   try:
     with open(os.path.join(path, "tokenizer_config.json")) as f:
-      return json.load(f).get("tokenizer_class")
+      config = json.load(f)
   except (OSError, ValueError):
     return None  # AutoTokenizer reports what is missing or malformed
+  return config.get("tokenizer_class") if isinstance(config, dict) else None
 
 
 def from_gguf(path: str) -> Tokenizer:
