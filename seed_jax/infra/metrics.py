@@ -60,8 +60,8 @@ def to_jsonable(x: Any) -> Any:
 
 def _tensorboardx():
   """tensorboardX, imported without PyTorch: its writer module imports torch, where installed, only to accept
-  torch tensors (~2 s of a process's start); this writer passes Python floats. A `None` in sys.modules makes
-  that import fail as if torch were absent, for the duration of this import only."""
+  torch tensors (seconds of a process's start: docs/benchmarks.md); this writer passes Python floats. A `None`
+  in sys.modules makes that import fail as if torch were absent, for the duration of this import only."""
   if "tensorboardX" in sys.modules or "torch" in sys.modules:
     import tensorboardX  # pylint: disable=import-outside-toplevel
     return tensorboardX

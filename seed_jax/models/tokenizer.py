@@ -76,7 +76,8 @@ def encode_chat(tokenizer, user_message: str, image=None) -> list[int]:
 
 # tokenizer_config.json classes that AutoTokenizer resolves to transformers' generic tokenizers-backed class (the
 # class of seed_jax's own exports): loaded as that class directly, the same object AutoTokenizer builds, without
-# importing transformers' model-config machinery (which imports PyTorch where it is installed: ~3 s a process).
+# importing transformers' model-config machinery, which imports PyTorch where it is installed (seconds of every
+# process's start: docs/benchmarks.md).
 GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 from seed_jax.models import weights
 
@@ -49,12 +50,17 @@ def test_an_export_folder_loads_as_autotokenizer_loads_it_without_pytorch(tiny_m
   assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == ref.apply_chat_template(
       chat, tokenize=False, add_generation_prompt=True)
   assert tok.all_special_ids == ref.all_special_ids and tok.pad_token_id == ref.pad_token_id
-  probe = ("import sys, tempfile, ml_collections\n"
+  probe = ("import glob, os, sys, tempfile\n"
+           "from configs import base\n"
            "from seed_jax.models import load\n"
            "from seed_jax.infra.metrics import MetricsWriter\n"
            f"load.load_tokenizer({tiny_model_dir!r})\n"
-           "cfg = ml_collections.ConfigDict(dict(jsonl_name='m.jsonl', tensorboard=True, tb_subdir='tb', wandb=False))\n"
-           "MetricsWriter(tempfile.mkdtemp(), True, cfg).write(1, {'a': 1.0})\n"
-           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
-  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+           "cfg, workdir = base.get_base().log, tempfile.mkdtemp()\n"
+           "cfg.tensorboard = True\n"
+           "writer = MetricsWriter(workdir, True, cfg)\n"
+           "writer.write(1, {'a': 1.0})\n"
+           "writer.close()\n"
+           "print([os.path.getsize(f) > 0 for f in glob.glob(os.path.join(workdir, cfg.tb_subdir, '*'))],\n"
+           "      sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
+  out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "[True] []", (out.stdout, out.stderr[-2000:])
