@@ -106,7 +106,7 @@ def _run(argv: list[str], cache_dir: str, workdir: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-  rest = argv[argv.index("--") + 1:] if "--" in argv else []
+  rest = argv[1:]  # what absl left after `--`: seed_jax.main's flags
   with tempfile.TemporaryDirectory() as tmp:
     args = [f"--config={_CONFIG.value}"]
     if _TINY.value:
