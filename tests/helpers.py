@@ -54,6 +54,30 @@ def left_padded(rng: np.random.Generator, lengths: list[int], vocab: int, T: int
   return tokens, valid
 
 
+
+def sequence_logits(params, spec, seq, length: int = 64) -> np.ndarray:
+  """`transformer.full_logits` of one unpadded sequence, [len(seq), V]. The row is left-padded to `length`
+  (full_logits' own layout: padding changes no real position's logits) and run by one jitted program, so a
+  reference over many sequence lengths compiles the forward once instead of once per length."""
+  import jax.numpy as jnp
+  if len(seq) > length:
+    raise ValueError(f"a sequence of {len(seq)} tokens does not fit length {length}")
+  tokens, valid = np.zeros((1, length), np.int32), np.zeros((1, length), bool)
+  tokens[0, length - len(seq):], valid[0, length - len(seq):] = seq, True
+  return np.asarray(_full_logits()(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))[0, length - len(seq):]
+
+
+def _full_logits():
+  import jax
+  from seed_jax.models import transformer
+  global _FULL_LOGITS
+  if _FULL_LOGITS is None:
+    _FULL_LOGITS = jax.jit(transformer.full_logits, static_argnums=1)
+  return _FULL_LOGITS
+
+
+_FULL_LOGITS = None
+
 def save_tiny_llama(path: str, tok, dim: int = 32, n_layers: int = 1, n_heads: int = 2, n_kv_heads: int = 1,
                     ffn_dim: int = 64, seed: int = 0) -> str:
   """A random Llama with `tok`'s vocabulary (tied embeddings, head_dim 16) saved with `tok` as an HF folder."""

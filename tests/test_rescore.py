@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sequence_logits
 
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
@@ -24,9 +25,8 @@ def _rescorer(max_rows=16, vocab_chunk=8):
 
 def _full_forward_logprobs(prompt, resp, temperature):
   """log_softmax of the unpadded row's full-forward logits, gathered at the response tokens."""
-  t = jnp.asarray([prompt + resp])
-  logits_TV = tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool))[0] / temperature
-  logp_TV = np.asarray(jax.nn.log_softmax(logits_TV, axis=-1))
+  logits_TV = sequence_logits(PARAMS, SPEC, prompt + resp) / temperature
+  logp_TV = np.asarray(jax.nn.log_softmax(jnp.asarray(logits_TV), axis=-1))
   rows = np.arange(len(prompt) - 1, len(prompt) - 1 + len(resp))
   return logp_TV[rows, resp]
 
@@ -43,8 +43,7 @@ def test_two_contexts_in_one_pass_equal_separate_passes():
     np.testing.assert_allclose(ents[0][i], ea[0][i], atol=1e-5)
     assert not np.allclose(both[0][i], both[1][i])
   # Hand check of one token: log-softmax of temperature-scaled full logits.
-  t = jnp.asarray([PROMPTS[1] + RESPONSES[1]])
-  logits = np.asarray(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool)))[0] / 1.3
+  logits = sequence_logits(PARAMS, SPEC, PROMPTS[1] + RESPONSES[1]) / 1.3
   r0 = len(PROMPTS[1]) - 1
   expect = logits[r0, RESPONSES[1][0]] - np.log(np.exp(logits[r0] - logits[r0].max()).sum()) - logits[r0].max()
   assert np.isclose(both[0][1][0], expect, atol=1e-5)

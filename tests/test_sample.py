@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sequence_logits
 
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
@@ -50,8 +51,7 @@ def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
 def _greedy_reference(prompt, n):
   out = list(prompt)
   for _ in range(n):
-    t = jnp.asarray([out])
-    out.append(int(jnp.argmax(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool))[0, -1])))
+    out.append(int(np.argmax(sequence_logits(PARAMS, SPEC, out)[-1])))
   return out[len(prompt):]
 
 

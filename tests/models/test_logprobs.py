@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sequence_logits
 
 from seed_jax.models import logprobs as lp
 from seed_jax.models import transformer as tf
@@ -47,8 +48,7 @@ def _reference(prompt, pvalid, resp, rmask, temperature):
   logp, ent = np.zeros(resp.shape), np.zeros(resp.shape)
   for b in range(resp.shape[0]):
     p, r = prompt[b][pvalid[b]].tolist(), resp[b][rmask[b]].tolist()
-    t = jnp.asarray([p + r])
-    logits_TV = np.asarray(tf.full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool)))[0] / temperature
+    logits_TV = sequence_logits(PARAMS, SPEC, p + r) / temperature
     logits_RV = logits_TV[len(p) - 1:len(p) - 1 + len(r)]
     all_RV = np.asarray(jax.nn.log_softmax(jnp.asarray(logits_RV), axis=-1))
     logp[b, :len(r)] = all_RV[np.arange(len(r)), r]
@@ -84,3 +84,13 @@ def test_token_logprobs_remat_gives_the_same_values_and_gradients():
   close(v1, v0, 1e-6)
   jax.tree.map(lambda a, b: close(a, b, 1e-5), g1, g0)
   assert float(jnp.abs(g0["embed"]).max()) > 0.
+
+
+def test_sequence_logits_equal_the_unpadded_forward():
+  """The tests' reference helper: a sequence left-padded to one length gives its unpadded full-forward logits."""
+  full_logits = jax.jit(tf.full_logits, static_argnums=1)
+  for n in (1, 20):
+    seq = np.random.default_rng(n).integers(1, 80, n).tolist()
+    t = jnp.asarray([seq])
+    close(sequence_logits(PARAMS, SPEC, seq, length=32), full_logits(PARAMS, SPEC, t, jnp.ones_like(t, bool))[0],
+          tol=1e-5)
