@@ -56,6 +56,8 @@ def get_base() -> ml_collections.ConfigDict:
   a.teacher_metrics = True  # every update with skills, where the env has gold paths: teacher/* (teacher_quality.py)
   a.max_prompt_tokens = 16384  # analysis prompts are fitted to this many tokens by dropping the oldest steps
   a.max_new_tokens = 4096  # longest analysis reply (policy backend; the external one uses external.max_tokens)
+  # > 0: no analysis reply writes the same n tokens twice (the greedy decode's loops; sample.SamplingParams)
+  a.no_repeat_ngram = 0
   a.max_skill_chars = 2000  # a longer skill is cut to this many characters (it enters every step prompt); 0 = no cap
   a.success_threshold = 1.0  # episode return >= this counts as success for the analyzer's instruction
   # A reply cut off inside its "episode_skill" string keeps the text up to the cut (analysis/salvaged_rate);

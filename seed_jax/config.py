@@ -63,7 +63,8 @@ _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "s
 _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")
-_NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "sampler.prefix_reuse_mb", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
+_NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "sampler.prefix_reuse_mb", "analyzer.no_repeat_ngram",
+                 "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
                  "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
                  "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
@@ -101,19 +102,19 @@ def check_choice(path: str, value: Any) -> None:
     raise ValueError(f"config.{path}={value!r} is not allowed; choose one of {allowed}")
 
 
-# use -> (temperature, top_k, top_p, max_new_tokens) fields: one sampling shape per use of the sampler (a float is
-# the value itself: greedy analysis, no top-k/top-p filter).
+# use -> (temperature, top_k, top_p, max_new_tokens, no_repeat_ngram) fields: one sampling shape per use of the
+# sampler (a number is the value itself: greedy analysis, no top-k/top-p filter).
 _SAMPLING = {
-    "rollout": ("rollout.temperature", "rollout.top_k", "rollout.top_p", "rollout.max_new_tokens"),
-    "eval": ("eval.temperature", 0, 1.0, "rollout.max_new_tokens"),
-    "analysis": (0.0, 0, 1.0, "analyzer.max_new_tokens"),
-    "collect": ("collect.temperature", "rollout.top_k", "collect.top_p", "collect.max_new_tokens"),
-    "annotate": (0.0, 0, 1.0, "annotate.local_max_new_tokens"),
-    "generate": ("generate.temperature", 0, 1.0, "generate.max_new_tokens"),
+    "rollout": ("rollout.temperature", "rollout.top_k", "rollout.top_p", "rollout.max_new_tokens", 0),
+    "eval": ("eval.temperature", 0, 1.0, "rollout.max_new_tokens", 0),
+    "analysis": (0.0, 0, 1.0, "analyzer.max_new_tokens", "analyzer.no_repeat_ngram"),
+    "collect": ("collect.temperature", "rollout.top_k", "collect.top_p", "collect.max_new_tokens", 0),
+    "annotate": (0.0, 0, 1.0, "annotate.local_max_new_tokens", 0),
+    "generate": ("generate.temperature", 0, 1.0, "generate.max_new_tokens", 0),
 }
 
 
-def sampling(cfg: ml_collections.ConfigDict, use: str) -> tuple[float, int, float, int]:
+def sampling(cfg: ml_collections.ConfigDict, use: str) -> tuple[float, int, float, int, int]:
   """The sampling settings of one use of the sampler (a key of _SAMPLING), in sample.SamplingParams' field order:
   `SamplingParams(*config.sampling(cfg, "rollout"))` (sample imports this module, so it builds them)."""
   return tuple(get(cfg, f) if isinstance(f, str) else f for f in _SAMPLING[use])

@@ -21,17 +21,18 @@ STOP_EOS, STOP_SEQUENCE, STOP_LENGTH, STOP_PADDING = 0, 1, 2, 3
 STOP_NAMES = ("eos", "stop_sequence", "max_new_tokens", "padding")
 
 
-def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool):
-  """Next token and its log-prob, each row drawn with its own key. Filters restrict what can be drawn; the
-  returned log-prob is under the full temperature-scaled distribution, which is what re-scoring computes
-  (greedy: temperature 1)."""
+def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_top_p: bool, banned_BV=None):
+  """Next token and its log-prob, each row drawn with its own key. Filters (and banned_BV) restrict what can be
+  drawn; the returned log-prob is under the full temperature-scaled distribution, which is what re-scoring
+  computes (greedy: temperature 1)."""
+  ban = (lambda x: x) if banned_BV is None else (lambda x: jnp.where(banned_BV, -jnp.inf, x))
   if greedy:
-    tok_B = jnp.argmax(logits_BV, axis=-1)
+    tok_B = jnp.argmax(ban(logits_BV), axis=-1)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled_BV = logits_BV / temperature
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    masked_BV = scaled_BV
+    masked_BV = ban(scaled_BV)
     if top_k:
       kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
       masked_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, masked_BV)
@@ -44,6 +45,23 @@ def _pick(logits_BV, keys_B, temperature, top_p, greedy: bool, top_k: int, use_t
       masked_BV = jnp.where(masked_BV < thresh_B1, -jnp.inf, masked_BV)
     tok_B = jax.vmap(jax.random.categorical)(keys_B, masked_BV)
   return tok_B.astype(jnp.int32), jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
+
+
+def repeat_bans(tokens_BN, n_B, ngram: int, vocab: int):
+  """[B, V] True where a token would complete an `ngram`-gram the row has already written (HF's
+  no_repeat_ngram_size, over the reply's own tokens only: a reply may quote its prompt). Row b has written
+  tokens_BN[b, :n_B[b]]; window i (tokens i .. i+ngram-1) bans its last token when its first ngram-1 equal the
+  row's last ngram-1 and it lies wholly in what was written."""
+  B, N = tokens_BN.shape
+  W = N - ngram + 1  # windows that fit the reply buffer
+  if W < 1:
+    return jnp.zeros((B, vocab), bool)
+  head_BWK = jnp.stack([tokens_BN[:, j:j + W] for j in range(ngram - 1)], axis=-1)
+  last_at_BK = jnp.clip(n_B[:, None] - ngram + 1 + jnp.arange(ngram - 1)[None], 0, N - 1)
+  last_BK = jnp.take_along_axis(tokens_BN, last_at_BK, axis=1)
+  hit_BW = jnp.all(head_BWK == last_BK[:, None], axis=-1) & (jnp.arange(W)[None] <= n_B[:, None] - ngram)
+  banned_BW = jnp.where(hit_BW, tokens_BN[:, ngram - 1:], vocab)  # vocab: out of range, dropped
+  return jnp.zeros((B, vocab), bool).at[jnp.arange(B)[:, None], banned_BW].set(True, mode="drop")
 
 
 @flax.struct.dataclass
@@ -82,10 +100,11 @@ def start_rows(cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, stop_len: int, 
 
 
 def decode(params, rows: Rows, temperature, top_p, eos_E, stop_NL, stop_on_finish, *, spec: ModelSpec, dtype,
-           max_new: int, greedy: bool, top_k: int, use_top_p: bool) -> Rows:
+           max_new: int, greedy: bool, top_k: int, use_top_p: bool, no_repeat_ngram: int = 0) -> Rows:
   """Samples on every live row until all are done or, with stop_on_finish, until a row that was live on entry
   ends (the host then reads it and may refill it). Row b draws step n with fold_in(keys_B[b], n). `params`:
-  the model's, or prepare_params' for this dtype.
+  the model's, or prepare_params' for this dtype. no_repeat_ngram > 0: no row writes an n-gram of that length
+  twice (repeat_bans).
   eos_E: int32 ids that end a row. stop_NL: int32 stop sequences, right-aligned, padded on the left with -1."""
   cache = rows.cache
   cache = cache.replace(k=tuple(constrain(k, ("batch", "kv_heads", "head_dim", "cache_length")) for k in cache.k),
@@ -103,7 +122,9 @@ def decode(params, rows: Rows, temperature, top_p, eos_E, stop_NL, stop_on_finis
   def body(r: Rows):
     n_B = r.lengths_B
     step_keys_B = jax.vmap(jax.random.fold_in)(r.keys_B, n_B)
-    tok_B, logp_B = _pick(r.logits_BV, step_keys_B, temperature, top_p, greedy, top_k, use_top_p)
+    banned_BV = (repeat_bans(r.tokens_BN, n_B, no_repeat_ngram, r.logits_BV.shape[-1]) if no_repeat_ngram
+                 else None)
+    tok_B, logp_B = _pick(r.logits_BV, step_keys_B, temperature, top_p, greedy, top_k, use_top_p, banned_BV)
     live_B = ~r.done_B
     recent_BL = jnp.concatenate([r.recent_BL[:, 1:], tok_B[:, None]], axis=1)
     stop_hit_B = jnp.any(jnp.all((recent_BL[:, None, :] == stop_NL[None]) | (stop_NL[None] < 0), axis=-1)
@@ -129,7 +150,7 @@ def decode(params, rows: Rows, temperature, top_p, eos_E, stop_NL, stop_on_finis
 # Decode-ready weights (transformer.decode_params) made once for many decode_rows calls, e.g. a refilling
 # rollout's, instead of once inside each call: a copy of the weights, held while those calls run.
 prepare_params = jax.jit(tf.decode_params, static_argnames=("dtype",))
-DECODE_STATIC = ("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p")
+DECODE_STATIC = ("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p", "no_repeat_ngram")
 decode_rows = jax.jit(decode, static_argnames=DECODE_STATIC, donate_argnums=(1,))
 
 

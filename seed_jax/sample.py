@@ -35,16 +35,19 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """temperature 0 = greedy. top_k 0 and top_p 1.0 disable those filters."""
+  """temperature 0 = greedy. top_k 0, top_p 1.0 and no_repeat_ngram 0 disable those filters (no_repeat_ngram
+  n: a reply never writes the same n tokens twice, decode.repeat_bans)."""
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
   max_new_tokens: int = 512
+  no_repeat_ngram: int = 0
 
   def __post_init__(self):
-    if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
+    if (self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1
+        or self.no_repeat_ngram < 0):
       raise ValueError(f"invalid sampling parameters {self}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
-                       "max_new_tokens >= 1")
+                       "max_new_tokens >= 1, no_repeat_ngram >= 0")
 
 
 @dataclasses.dataclass
@@ -76,15 +79,17 @@ def prefill_prompts(params, tokens_UP, valid_UP, images: vlm.ImageBatch | None =
   return cache, logits_UV, jnp.max(positions.reshape(-1, U, P), axis=(0, 2)) + 1
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p"))
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "max_new", "greedy", "top_k", "use_top_p",
+                                             "no_repeat_ngram"))
 def decode_tokens(params, cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, temperature, top_p, eos_E, stop_NL, *,
-                  spec: ModelSpec, dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool):
+                  spec: ModelSpec, dtype, max_new: int, greedy: bool, top_k: int, use_top_p: bool,
+                  no_repeat_ngram: int = 0):
   """Samples up to `max_new` tokens for rows B from prefilled rows U (start_rows), every row to its end.
   keys_B (row_keys) are the rows' PRNG keys, folded with the step.
   Returns tokens_BN (0 after a row ends), logps_BN (0 after), lengths_B and reason_B (STOP_* codes)."""
   rows = start_rows(cache, logits_UV, pos_U, src_B, is_pad_B, keys_B, stop_NL.shape[1], max_new)
   r = decode(params, rows, temperature, top_p, eos_E, stop_NL, False, spec=spec, dtype=dtype, max_new=max_new,
-              greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+             greedy=greedy, top_k=top_k, use_top_p=use_top_p, no_repeat_ngram=no_repeat_ngram)
   return r.tokens_BN, r.logps_BN, r.lengths_B, r.reason_B
 
 
@@ -239,7 +244,8 @@ class Sampler:
   def _decode_static(self, sp: SamplingParams) -> dict:
     greedy = sp.temperature == 0
     return dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), max_new=sp.max_new_tokens, greedy=greedy,
-                top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0)
+                top_k=0 if greedy else sp.top_k, use_top_p=not greedy and sp.top_p < 1.0,
+                no_repeat_ngram=sp.no_repeat_ngram)
 
   def _on_mesh(self):
     return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()

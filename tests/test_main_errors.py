@@ -50,6 +50,8 @@ MORE = {
     "analysis_window": ([T, "--config.analyzer.start_update=5", "--config.analyzer.stop_update=2"],
                         "config error: config.analyzer.stop_update=2 must be < 0 (never stop) or after"),
     "sampler_dtype": ([T, "--config.sampler.dtype=float8"], "config error: config.sampler.dtype='float8' is not allowed"),
+    "no_repeat_ngram": ([T, "--config.analyzer.no_repeat_ngram=-2"],
+                        "config error: config.analyzer.no_repeat_ngram=-2 must be >= 0"),
     "opd_coef": ([T, "--config.objectives.opd_coef=-1.0"], "config error: config.objectives.opd_coef=-1.0 must be >= 0"),
     "eval_temperatures": ([T, "--config.eval.temperatures=(-1.0,)"], "config error: config.eval.temperatures=(-1.0,)"),
     "self_play": ([T, "--config.warmstart.self_play_rollouts=-1", "--config.warmstart.before_rl=True"],

@@ -11,7 +11,8 @@ from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
 from seed_jax.models.spec import ModelSpec
 from seed_jax.rescore import Rescorer, RescorerConfig
-from seed_jax.decode import _pick
+from seed_jax import slots
+from seed_jax.decode import _pick, repeat_bans
 from seed_jax.sample import Sampler, SamplerConfig, SamplingParams, generate_tokens
 
 SPEC = ModelSpec("LlamaForCausalLM", vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -70,6 +71,51 @@ def test_greedy_equals_stepwise_argmax_and_logps_equal_rescore():
     np.testing.assert_allclose(lp, g.logps, atol=1e-4)
 
 
+def test_repeat_bans_ban_the_token_that_would_repeat_a_written_ngram():
+  toks_BN = jnp.asarray([[1, 2, 3, 1, 2, 0, 0, 0],   # last two (1, 2) began "1 2 3": 3 is banned
+                         [1, 2, 3, 1, 0, 0, 0, 0],   # last two (3, 1) never began a written 3-gram
+                         [4, 4, 4, 0, 0, 0, 0, 0],   # overlapping: (4, 4) began "4 4 4"
+                         [1, 2, 0, 0, 0, 0, 0, 0]])  # "2 0" is padding, not a written 3-gram
+  bans = np.asarray(repeat_bans(toks_BN, jnp.asarray([5, 4, 3, 2]), 3, 6))
+  assert [np.flatnonzero(b).tolist() for b in bans] == [[3], [], [4], []]
+  assert not np.asarray(repeat_bans(toks_BN, jnp.asarray([5, 4, 3, 2]), 9, 6)).any()  # longer than the buffer
+
+
+def _greedy_no_repeat_reference(prompt, n, ngram):
+  """Greedy decoding by full forwards, each step's argmax over the tokens that write no n-gram twice in the reply;
+  also the full-distribution log-prob of each pick and whether any step's free argmax was banned."""
+  out, logps, fired = [], [], False
+  for _ in range(n):
+    logits = sequence_logits(PARAMS, SPEC, list(prompt) + out)[-1].astype(np.float64)
+    seen = {tuple(out[i:i + ngram]) for i in range(len(out) - ngram + 1)}
+    allowed = [t for t in range(len(logits)) if tuple(out[len(out) - ngram + 1:] + [t]) not in seen]
+    tok = max(allowed, key=lambda t: logits[t])
+    fired |= tok != int(np.argmax(logits))
+    logps.append(logits[tok] - np.log(np.exp(logits - logits.max()).sum()) - logits.max())
+    out.append(tok)
+  return out, logps, fired
+
+
+@pytest.mark.slow
+def test_no_repeat_ngram_samples_what_a_stepwise_greedy_reference_picks():
+  """The tiny model's greedy replies loop; with no_repeat_ngram=3 the static sampler and rows that refill write
+  the reference's tokens (no 3-gram twice), each log-prob under the unfiltered distribution."""
+  sp = SamplingParams(temperature=0, max_new_tokens=24, no_repeat_ngram=3)
+  prompts = PROMPTS[:3]
+  static = _sampler().generate(PARAMS, prompts, jax.random.key(0), sp)
+  refilled = slots.generate(_sampler(max_batch=2), PARAMS, prompts, jax.random.key(0), sp)
+  fired = False
+  for p, g, r in zip(prompts, static, refilled):
+    want, want_logps, f = _greedy_no_repeat_reference(p, 24, 3)
+    fired |= f
+    assert g.tokens == want and r.tokens == want
+    np.testing.assert_allclose(g.logps, want_logps, atol=1e-4)
+    np.testing.assert_allclose(r.logps, g.logps, atol=1e-6)
+    grams = [tuple(want[i:i + 3]) for i in range(len(want) - 2)]
+    assert len(grams) == len(set(grams))
+  assert fired  # the ban changed some pick: without it the replies repeat
+
+
 def test_fixed_key_reproduces_and_keys_differ():
   s, sp = _sampler(), SamplingParams(temperature=1.0, max_new_tokens=12)
   a = s.generate(PARAMS, PROMPTS, jax.random.key(3), sp)
@@ -116,6 +162,8 @@ def test_bad_input_and_oversized_batches():
   sp = SamplingParams(temperature=0, max_new_tokens=3)
   with pytest.raises(ValueError, match="prompt 1 is empty"):
     s.generate(PARAMS, [[5], []], jax.random.key(0), sp)
+  with pytest.raises(ValueError, match="no_repeat_ngram >= 0"):
+    SamplingParams(no_repeat_ngram=-1)
   with pytest.raises(ValueError, match="prompt 0 has 40 tokens, more than sampler max_prompt_len=32"):
     s.generate(PARAMS, [[5] * 40], jax.random.key(0), sp)
   with pytest.raises(ValueError, match="top_p"):
