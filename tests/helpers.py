@@ -1,6 +1,7 @@
 """Shared test helpers: the repo's paths and tiny Hugging Face reference models."""
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -67,16 +68,12 @@ def sequence_logits(params, spec, seq, length: int = 64) -> np.ndarray:
   return np.asarray(_full_logits()(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))[0, length - len(seq):]
 
 
+@functools.cache
 def _full_logits():
   import jax
   from seed_jax.models import transformer
-  global _FULL_LOGITS
-  if _FULL_LOGITS is None:
-    _FULL_LOGITS = jax.jit(transformer.full_logits, static_argnums=1)
-  return _FULL_LOGITS
+  return jax.jit(transformer.full_logits, static_argnums=1)
 
-
-_FULL_LOGITS = None
 
 def save_tiny_llama(path: str, tok, dim: int = 32, n_layers: int = 1, n_heads: int = 2, n_kv_heads: int = 1,
                     ffn_dim: int = 64, seed: int = 0) -> str:
