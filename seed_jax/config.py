@@ -63,9 +63,9 @@ _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "s
 _POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
              "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")
-_NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "sampler.prefix_reuse_mb", "analyzer.no_repeat_ngram",
-                 "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr", "eval.every",
-                 "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
+_NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "sampler.prefix_reuse_mb",
+                 "analyzer.no_repeat_ngram", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr",
+                 "eval.every", "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
                  "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
 
