@@ -56,10 +56,10 @@ def repeat_bans(tokens_BN, n_B, ngram: int, vocab: int):
   W = N - ngram + 1  # windows that fit the reply buffer
   if W < 1:
     return jnp.zeros((B, vocab), bool)
-  head_BWK = jnp.stack([tokens_BN[:, j:j + W] for j in range(ngram - 1)], axis=-1)
-  last_at_BK = jnp.clip(n_B[:, None] - ngram + 1 + jnp.arange(ngram - 1)[None], 0, N - 1)
-  last_BK = jnp.take_along_axis(tokens_BN, last_at_BK, axis=1)
-  hit_BW = jnp.all(head_BWK == last_BK[:, None], axis=-1) & (jnp.arange(W)[None] <= n_B[:, None] - ngram)
+  hit_BW = jnp.arange(W)[None] <= n_B[:, None] - ngram
+  for j in range(ngram - 1):  # window i's j-th token against the row's (ngram-1-j)-th last (ngram 1: every token)
+    last_B1 = jnp.take_along_axis(tokens_BN, jnp.clip(n_B - ngram + 1 + j, 0, N - 1)[:, None], axis=1)
+    hit_BW = hit_BW & (tokens_BN[:, j:j + W] == last_B1)
   banned_BW = jnp.where(hit_BW, tokens_BN[:, ngram - 1:], vocab)  # vocab: out of range, dropped
   return jnp.zeros((B, vocab), bool).at[jnp.arange(B)[:, None], banned_BW].set(True, mode="drop")
 

@@ -79,6 +79,8 @@ def test_repeat_bans_ban_the_token_that_would_repeat_a_written_ngram():
   bans = np.asarray(repeat_bans(toks_BN, jnp.asarray([5, 4, 3, 2]), 3, 6))
   assert [np.flatnonzero(b).tolist() for b in bans] == [[3], [], [4], []]
   assert not np.asarray(repeat_bans(toks_BN, jnp.asarray([5, 4, 3, 2]), 9, 6)).any()  # longer than the buffer
+  ones = np.asarray(repeat_bans(toks_BN, jnp.asarray([5, 4, 3, 2]), 1, 6))  # 1-grams: every token written
+  assert [np.flatnonzero(b).tolist() for b in ones] == [[1, 2, 3], [1, 2, 3], [4], [1, 2]]
 
 
 def _greedy_no_repeat_reference(prompt, n, ngram):
