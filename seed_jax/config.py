@@ -60,13 +60,13 @@ _STAGE_POSITIVE = {
 _STAGE_NON_NEGATIVE = {"collect": ("collect.temperature",), "sft": ("sft.lr", "sft.val_every", "sft.warmup_frac"),
                        "warmstart": ("warmstart.max_steps", "warmstart.analyzer_weight", "warmstart.self_play_rollouts",
                                      "warmstart.skill_prompt_weight")}
-_POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens", "model.max_prompt_tokens",
-             "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
+_POSITIVE = ("model.attention_block", "rollout.tasks_per_update", "rollout.group_size", "rollout.max_new_tokens",
+             "model.max_prompt_tokens", "learner.minibatch_size", "learner.micro_batch_size", "learner.ppo_epochs",
              "rescore.vocab_chunk", "env.max_steps")
 _NON_NEGATIVE = ("sampler.max_batch", "rescore.max_rows", "sampler.prefill_chunk", "sampler.prefix_reuse_mb",
                  "analyzer.no_repeat_ngram", "train.num_updates", "rollout.temperature", "rollout.top_k", "learner.lr",
-                 "eval.every", "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef", "objectives.entropy_coef",
-                 "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
+                 "eval.every", "eval.max_tasks", "eval.draws", "objectives.opd_coef", "objectives.kl_coef",
+                 "objectives.entropy_coef", "rescore.pack_tokens", "rescore.pack_length", "learner.pack_length")
 
 
 def mesh_presets() -> list[str]:
