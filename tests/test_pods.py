@@ -103,14 +103,15 @@ def _config_text(model, updates, analyst="", evals=False):
                        evals=evals)
 
 
-def _run(tmp_path, model, updates, processes, devices, workdir, tag, analyst="", extra=(), evals=False) -> float:
+def _run(tmp_path, model, updates, processes, devices, workdir, tag, analyst="", extra=(), evals=False):
+  """Runs the job to its end (every process exits 0); returns (wall seconds, each process's output)."""
   cfg_file = tmp_path / f"cfg_{tag}.py"
   cfg_file.write_text(_config_text(model, updates, analyst, evals))
   t0 = time.time()
   procs = _launch(cfg_file, workdir, processes, devices, *extra)
   outs = _wait(procs)
   assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
-  return time.time() - t0
+  return time.time() - t0, outs
 
 
 def _metrics(workdir, evals=False):
@@ -159,21 +160,39 @@ def _same_update(a: dict, b: dict):
       np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=1e-6, err_msg=k)
 
 
+# The checkpoint drill of the 2 x 4 run: writing checkpoint 2, its last, fails on process 1 only; the heartbeat
+# timeout is raised so that JAX's coordination service is not what ends process 0.
+DRILL = ("--config.distributed.heartbeat_timeout_s=300", "--config.train.checkpoint.save_interval_steps=1",
+         "--config.faults.plan=ckpt_write@1:p1")
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, analyst_url, tmp_path_factory):
   """With the stand-in analyzer's skills: 1 x 8 for three updates in the packed layouts; 2 x 4 for two in the
-  padded layouts (one sequence per row: every step-sample's rows in their process's block), then resumed in
-  1 x 8, packed, for the third. Packed and padded give the same updates (tests/test_packing.py), so one pair of
-  runs checks both layouts across process counts."""
+  padded layouts (one sequence per row: every step-sample's rows in their process's block) through the
+  checkpoint drill (DRILL: both processes end at checkpoint 2; the same command resumes from checkpoint 1 and
+  redoes update 2), then resumed in 1 x 8, packed, for the third. Packed and padded give the same updates
+  (tests/test_packing.py), so one set of runs checks both layouts across process counts and a resume across
+  them."""
   tmp = tmp_path_factory.mktemp("pods")
   one, two = str(tmp / "one"), str(tmp / "two")
   padded = ("--config.rescore.pack_length=0", "--config.learner.pack_length=0")
-  times = {"1x8, 3 updates": _run(tmp, tiny_model_dir, 3, 1, 8, one, "one", analyst_url, evals=True)}
-  times["2x4, 2 updates"] = _run(tmp, tiny_model_dir, 2, 2, 4, two, "two", analyst_url, padded, evals=True)
+  times = {"1x8, 3 updates": _run(tmp, tiny_model_dir, 3, 1, 8, one, "one", analyst_url, evals=True)[0]}
+  cfg_two = tmp / "cfg_two.py"
+  cfg_two.write_text(_config_text(tiny_model_dir, 2, analyst_url, evals=True))
+  t0 = time.time()
+  procs = _launch(cfg_two, two, 2, 4, *padded, *DRILL)
+  ended = _ends(procs)
+  drill = dict(exits=[p.returncode for p in procs], ended=ended, outs=_wait(procs, timeout=60),
+               steps=[r["step"] for r in _metrics(two)])
+  times["2x4, 2 updates, checkpoint 2 failing"] = time.time() - t0
+  times["2x4 resuming, update 2"], drill["resumed"] = _run(tmp, tiny_model_dir, 2, 2, 4, two, "two", analyst_url,
+                                                           padded + DRILL, evals=True)
   shutil.copytree(two, str(tmp / "two_after_2"))
-  times["1x8 resuming 2x4, update 3"] = _run(tmp, tiny_model_dir, 3, 1, 8, two, "resume", analyst_url, evals=True)
+  times["1x8 resuming 2x4, update 3"] = _run(tmp, tiny_model_dir, 3, 1, 8, two, "resume", analyst_url,
+                                             evals=True)[0]
   print("wall times (s):", {k: round(v, 1) for k, v in times.items()})
-  return dict(one=one, two=str(tmp / "two_after_2"), resumed=two, model=tiny_model_dir)
+  return dict(one=one, two=str(tmp / "two_after_2"), resumed=two, model=tiny_model_dir, drill=drill)
 
 
 def test_two_processes_give_the_one_process_updates(runs):
@@ -308,34 +327,25 @@ def test_a_process_dying_mid_update_ends_the_other_within_seconds(tiny_model_dir
   assert time.time() - t0 < 240
 
 
-def test_a_checkpoint_write_failing_on_one_process_ends_both_with_its_line_and_the_run_resumes(tiny_model_dir,
-                                                                                                 tmp_path):
-  """Writing checkpoint 2, the last, fails on process 1 only (a fault drill); process 0 goes on into the save, a
-  collective process 1 never joins. Both end within seconds (the heartbeat timeout is raised to 300 s, so JAX's
-  coordination service is not what ends them) with the same one line naming process 1, exit 1; the same command
-  resumes both from checkpoint 1 and redoes the second update."""
-  cfg_file, workdir = tmp_path / "cfg_ckpt.py", str(tmp_path / "w")
-  cfg_file.write_text(_config_text(tiny_model_dir, 2))
-  flags = ("--config.distributed.heartbeat_timeout_s=300", "--config.train.checkpoint.save_interval_steps=1",
-           "--config.faults.plan=ckpt_write@1:p1")
-  procs = _launch(cfg_file, workdir, 2, 4, *flags)
-  ended = _ends(procs)
-  outs = _wait(procs, timeout=60)
-  assert [p.returncode for p in procs] == [1, 1], "\n".join(o[-3000:] for o in outs)
-  assert abs(ended[0] - ended[1]) < 30, ended
+def test_a_checkpoint_write_failing_on_one_process_ends_both_with_its_line_and_the_run_resumes(runs):
+  """The fixture's 2 x 4 drill: writing checkpoint 2, the last, fails on process 1 only while process 0 goes on
+  into the save, a collective process 1 never joins. Both end within seconds with the same one line naming
+  process 1, exit 1, and update 2's record is left to the resumed run; the same command then resumed both from
+  checkpoint 1 and redid update 2, whose record, parameters and evaluation the other tests compare with 1 x 8's."""
+  drill = runs["drill"]
+  outs = drill["outs"]
+  assert drill["exits"] == [1, 1], "\n".join(o[-3000:] for o in outs)
+  assert abs(drill["ended"][0] - drill["ended"][1]) < 30, drill["ended"]
   lines = [o.strip().splitlines()[-1] for o in outs]
   assert lines[0] == lines[1], lines
   assert re.fullmatch(r"checkpoint error: process 1 of 2 \(.+\): checkpoint 2 could not be written in .*a fault "
                       r"drill.*the latest saved checkpoint is 1", lines[0]), lines[0]
   assert not any(re.search(r"heartbeat|Traceback", o) for o in outs), "\n".join(o[-3000:] for o in outs)
-  assert [r["step"] for r in _metrics(workdir)] == [0, 1]  # update 2's record is redone by the resumed run
-  procs = _launch(cfg_file, workdir, 2, 4, *flags)
-  outs = _wait(procs, timeout=600)
-  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
-  assert "resumed" in outs[0] and "after 1 updates" in outs[0], outs[0][-3000:]
-  assert [r["step"] for r in _metrics(workdir)] == [0, 1]
-  final, init = _params(workdir, tiny_model_dir, 2), _init(tiny_model_dir)  # checkpoint 2 written this time
-  assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(init))) > 0
+  assert drill["steps"] == [0, 1]  # update 2's record is rewound and redone by the resumed run
+  assert "resumed" in drill["resumed"][0] and "after 1 updates" in drill["resumed"][0], drill["resumed"][0][-3000:]
+  with open(os.path.join(runs["two"], "faults_fired.jsonl")) as f:
+    assert [(r["kind"], r["update"]) for r in map(json.loads, f)] == [("ckpt_write", 1)]
+  assert [r["step"] for r in _metrics(runs["two"])] == [0, 1]
 
 
 def test_generate_on_two_processes_prints_the_one_process_reply_once(tiny_model_dir, tmp_path):
@@ -393,14 +403,15 @@ def get_config():
   c = twx.get_config({stage!r})
   c.model.path, c.model.max_prompt_tokens, c.log.tensorboard = {model!r}, 512, False
   c.env.max_steps = 2
-  # 3 task groups of 2 rollouts (process 0 plays tasks 0 and 2, process 1 task 1), oracle annotation
-  c.collect.num_tasks, c.collect.rollouts, c.collect.tasks_per_batch, c.collect.max_new_tokens = 3, 2, 3, 8
-  c.annotate.max_prompt_tokens, c.annotate.chunk, c.annotate.gold_envs = 1024, 3, 2
-  # 3 demo tasks and 2 self-play episodes; SFT rows 8 to a micro-batch: each process supplies its 4
-  c.warmstart.num_tasks, c.warmstart.envs, c.warmstart.self_play_rollouts = 3, 2, 2
+  # 3 demo tasks, then 3 self-play episodes in batches of 2 (process 0 plays tasks 0 and 2, process 1 task 1);
+  # SFT rows 8 to a micro-batch: each process supplies its 4
+  c.warmstart.num_tasks, c.warmstart.envs, c.warmstart.self_play_rollouts = 3, 2, 3
   c.rollout.max_new_tokens, c.analyzer.max_prompt_tokens = 8, 1024
   c.sft.epochs, c.sft.batch_size, c.sft.max_len, c.sft.val_frac, c.sft.micro_rows = 1, 4, 1024, 0.25, 8
   c.sft.lr, c.sft.schedule = 1e-3, "constant"
+  # Then the oracle annotation of the self-play episodes (stage1.collect's file) in one chunk of 3
+  c.annotate.input = {episodes!r}
+  c.annotate.max_prompt_tokens, c.annotate.chunk, c.annotate.gold_envs = 1024, 3, 2
   c.distributed.initialization_timeout_s, c.distributed.heartbeat_timeout_s = 60, 10
   validate(c)
   return c
@@ -408,25 +419,26 @@ def get_config():
 
 
 def test_stage1_and_the_warm_start_on_two_processes_equal_one(tiny_model_dir, tmp_path):
-  """collect -> annotate (oracle) and a warm start with self-play (demos, SFT, self-play collection, SFT again)
-  on 2 processes x 4 devices write the 1 x 8 files: the same trajectories, annotations and records exactly, and
-  exported weights equal to fp32 summation order (the same rows on the same 8-device mesh; only the
-  cross-process reductions group them differently)."""
+  """A warm start with self-play (demos, SFT, self-play collection by Stage 1's collect, SFT again), then the
+  oracle annotation of those episodes, on 2 processes x 4 devices write the 1 x 8 files: the same
+  trajectories, annotations and records exactly, and exported weights equal to fp32 summation order (the same
+  rows on the same 8-device mesh; only the cross-process reductions group them differently)."""
   from seed_jax.models import load
   dirs = {}
   for processes, devices in ((1, 8), (2, 4)):
     workdir = dirs[processes] = str(tmp_path / f"{processes}x{devices}")
-    for stage in ("collect", "annotate", "warmstart"):
+    for stage in ("warmstart", "annotate"):
       cfg_file = tmp_path / f"cfg_{stage}.py"
-      cfg_file.write_text(STAGE1_CONFIG.format(stage=stage, model=tiny_model_dir))
+      cfg_file.write_text(STAGE1_CONFIG.format(stage=stage, model=tiny_model_dir,
+                                               episodes=os.path.join(workdir, "self_play_trajectories.jsonl")))
       procs = _launch(cfg_file, workdir, processes, devices)
       outs = _wait(procs, timeout=600)
       assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-3000:] for o in outs)
   read = lambda d, name: [json.loads(line) for line in open(os.path.join(dirs[d], name))]
-  for name in ("trajectories.jsonl", "annotations.jsonl", "sft_records.jsonl", "warmstart_records.jsonl",
-               "self_play_trajectories.jsonl", "self_play_records.jsonl"):
+  for name in ("warmstart_records.jsonl", "self_play_trajectories.jsonl", "self_play_records.jsonl",
+               "annotations.jsonl", "sft_records.jsonl"):
     assert read(1, name) == read(2, name), name
-  assert len(read(1, "trajectories.jsonl")) == 3 and len(read(1, "self_play_trajectories.jsonl")) == 2
+  assert len(read(1, "self_play_trajectories.jsonl")) == 3 and len(read(1, "annotations.jsonl")) == 3
   one, two = (jax.tree.map(np.asarray, load.load_model(os.path.join(dirs[d], "export"))[1]) for d in (1, 2))
   init = _init(tiny_model_dir)
   _assert_same_change(one, two, init, rtol=1e-5, off_frac=0.0)
