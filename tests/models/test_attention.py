@@ -26,6 +26,11 @@ def _reference(q, k, v, seg):
   return jnp.where((seg > 0)[:, :, None, None, None], jnp.einsum("bkgts,bskh->btkgh", p, v), 0.0)
 
 
+def _grads(fn, *args):
+  """d/d(q, k, v) of fn(q, k, v), one jitted program (eagerly, every op of the tile loop would be its own)."""
+  return jax.jit(jax.grad(fn, (0, 1, 2)))(*args)
+
+
 def _inputs(T=45, B=2, K=2, G=3, h=8, seed=0):
   rng = np.random.default_rng(seed)
   q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((B, T, K, G, h), (B, T, K, h), (B, T, K, h)))
@@ -39,11 +44,11 @@ def _inputs(T=45, B=2, K=2, G=3, h=8, seed=0):
 @pytest.mark.parametrize("block", [pytest.param(8, marks=pytest.mark.slow), 16, 64])  # 8: the most tiles
 def test_values_and_gradients_equal_the_materialized_softmax(block):
   q, k, v, seg, w = _inputs()
-  out = attention.blockwise_causal_attention(q, k, v, seg, block=block)
-  np.testing.assert_allclose(out, _reference(q, k, v, seg), atol=2e-6)
+  fn = lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=block)
+  np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
   loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = jax.grad(loss(lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=block)), (0, 1, 2))(q, k, v)
-  want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, seg)), (0, 1, 2))(q, k, v)
+  got = _grads(loss(fn), q, k, v)
+  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -62,11 +67,11 @@ def test_packed_rows_skip_the_tiles_of_other_segments():
     q, k, v, _, w = (x[:1] for x in _inputs(T=48))
     s = jnp.asarray(s)
     w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * (s > 0)[:, :, None, None, None]
-    np.testing.assert_allclose(attention.blockwise_causal_attention(q, k, v, s, block=8), _reference(q, k, v, s),
-                               atol=2e-6)
+    fn = lambda q, k, v: attention.blockwise_causal_attention(q, k, v, s, block=8)
+    np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, s), atol=2e-6)
     loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-    got = jax.grad(loss(lambda q, k, v: attention.blockwise_causal_attention(q, k, v, s, block=8)), (0, 1, 2))(q, k, v)
-    want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, s)), (0, 1, 2))(q, k, v)
+    got = _grads(loss(fn), q, k, v)
+    want = _grads(loss(lambda q, k, v: _reference(q, k, v, s)), q, k, v)
     for g, r in zip(got, want):
       np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -80,10 +85,11 @@ def test_rows_in_steps_equal_all_rows_at_once(rows_per_step):
   w = w * (seg > 0)[:, :, None, None, None]
   fn = lambda r: (lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=8, rows_per_step=r))
   loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) * w))
-  np.testing.assert_allclose(fn(rows_per_step)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
-  np.testing.assert_allclose(fn(rows_per_step)(q, k, v), fn(0)(q, k, v), atol=1e-6)
-  got = jax.grad(loss(fn(rows_per_step)), (0, 1, 2))(q, k, v)
-  for g, r in zip(got, jax.grad(loss(fn(0)), (0, 1, 2))(q, k, v)):
+  stepped = jax.jit(fn(rows_per_step))(q, k, v)
+  np.testing.assert_allclose(stepped, _reference(q, k, v, seg), atol=2e-6)
+  np.testing.assert_allclose(stepped, jax.jit(fn(0))(q, k, v), atol=1e-6)
+  got = _grads(loss(fn(rows_per_step)), q, k, v)
+  for g, r in zip(got, _grads(loss(fn(0)), q, k, v)):
     np.testing.assert_allclose(g, r, atol=1e-6)
 
 
@@ -129,8 +135,8 @@ def test_remat_keeps_the_attention_output_instead_of_rewalking_the_tiles(capsys,
   monkeypatch.setattr(attention, "SAVED_UNDER_REMAT", ())
   assert saved_tiles() == []
   monkeypatch.undo()
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), jax.grad(loss(True))(params),
-               jax.grad(loss(False))(params))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+               jax.jit(jax.grad(loss(True)))(params), jax.jit(jax.grad(loss(False)))(params))
 
 
 def test_fused_attention_call_equals_the_materialized_softmax():
@@ -138,10 +144,10 @@ def test_fused_attention_call_equals_the_materialized_softmax():
   implementation on this CPU: left padding, packed segments, grouped-query heads; values and gradients."""
   q, k, v, seg, w = _inputs()
   fused = lambda q, k, v: attention.fused_causal_attention(q, k, v, seg, implementation="xla")
-  np.testing.assert_allclose(fused(q, k, v), _reference(q, k, v, seg), atol=2e-6)
+  np.testing.assert_allclose(jax.jit(fused)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
   loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = jax.grad(loss(fused), (0, 1, 2))(q, k, v)
-  want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, seg)), (0, 1, 2))(q, k, v)
+  got = _grads(loss(fused), q, k, v)
+  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -172,9 +178,9 @@ def test_transformer_forward_and_gradient_match_the_blocked_path():
   specs = {a: dataclasses.replace(SPEC, attention=a, attention_block=16 if a != "splash" else 128)
            for a in ("blocked", "xla_blockwise", "splash")}  # splash tiles are multiples of 128 (70 -> 128)
   valid = jnp.asarray(seg > 0)[:, :, None]
-  hidden = {a: tf.forward(params, s, *args)[0] for a, s in specs.items()}
+  hidden = {a: jax.jit(lambda p, s=s: tf.forward(p, s, *args)[0])(params) for a, s in specs.items()}
   loss = lambda s: (lambda p: jnp.sum(jnp.where(valid, tf.forward(p, s, *args, remat=True)[0], 0) ** 2))
-  grads = {a: jax.grad(loss(s))(params) for a, s in specs.items()}
+  grads = {a: jax.jit(jax.grad(loss(s)))(params) for a, s in specs.items()}
   for tiled in ("xla_blockwise", "splash"):
     np.testing.assert_allclose(jnp.where(valid, hidden[tiled], 0), jnp.where(valid, hidden["blocked"], 0), atol=2e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4), grads[tiled], grads["blocked"])
@@ -206,11 +212,11 @@ def test_splash_kernel_in_interpret_mode_equals_the_materialized_softmax():
   """JAX's Pallas splash kernel behind the same contract (run by Pallas' interpreter on CPU): packed segments,
   left padding and a padded tail, grouped-query heads; values and gradients."""
   q, k, v, seg, w = _inputs(T=200, h=16)
-  out = attention.splash_causal_attention(q, k, v, seg, block=128)
-  np.testing.assert_allclose(out, _reference(q, k, v, seg), atol=5e-6)
+  fn = lambda q, k, v: attention.splash_causal_attention(q, k, v, seg, block=128)
+  np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, seg), atol=5e-6)
   loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = jax.grad(loss(lambda q, k, v: attention.splash_causal_attention(q, k, v, seg, block=128)), (0, 1, 2))(q, k, v)
-  want = jax.grad(loss(lambda q, k, v: _reference(q, k, v, seg)), (0, 1, 2))(q, k, v)
+  got = _grads(loss(fn), q, k, v)
+  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=2e-4, rtol=1e-4)
 
