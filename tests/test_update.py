@@ -66,10 +66,10 @@ def test_micro_batch_accumulation_equals_one_big_batch(teacher):
   loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
   # The whole mini-batch as one micro-batch, with the gradient of micro_loss taken directly (no scan).
   norm = losses.loss_normalizers(mb.rmask_BR, mb.opd_mask_B, loss_cfg.agg_mode)
-  (loss, _), grad = jax.value_and_grad(
+  (loss, _), grad = jax.jit(jax.value_and_grad(
       lambda p: update_lib.micro_loss(p, mb, norm, 1.0, spec=spec, loss_cfg=loss_cfg, dtype=jnp.float32, chunk=4,
                                       remat=False, teacher=update_lib.teacher_plan(loss_cfg, teacher)),
-      has_aux=True)(params)
+      has_aux=True))(params)
   want = jax.tree.map(lambda p, g: p - g, params, grad)
   assert float(optax.tree.norm(grad)) > 1e-3
   for micro in (2, 1):
@@ -109,8 +109,8 @@ def test_teachers_differ_only_through_the_skill_log_probs():
   # two teachers see the same numbers: the same update. Different skill prompts change it.
   spec, params, mb = _tiny_batch()
   loss_cfg = _loss(opd_variant="gated", opd_coef=1.0)
-  logp, _ = response_logprobs(params, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, 1.0,
-                              dtype=jnp.float32, chunk=4)
+  logp, _ = jax.jit(lambda p: response_logprobs(p, spec, mb.prompt_BP, mb.pvalid_BP, mb.resp_BR, mb.rmask_BR, 1.0,
+                                                dtype=jnp.float32, chunk=4))(params)
   same = mb.replace(skill_logp_BR=logp, skill_prompt_BP=mb.prompt_BP, skill_pvalid_BP=mb.pvalid_BP)
   old, _ = _step(spec, params, same, loss_cfg, 2, "old")
   cur, _ = _step(spec, params, same, loss_cfg, 2, "current")
