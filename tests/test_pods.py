@@ -457,7 +457,7 @@ def get_config():
   c.learner.minibatch_size, c.learner.micro_batch_size, c.learner.lr = 8, 8, 1e-3
   # π_old re-scored in the padded layout (rows per context); the update packed
   c.rescore.pack_length, c.rescore.old_logps = 0, "rescore"
-  c.train.num_updates, c.eval.at_start, c.eval.at_end = 2, False, False
+  c.train.num_updates, c.eval.at_start, c.eval.at_end = 1, False, False
   c.distributed.initialization_timeout_s, c.distributed.heartbeat_timeout_s = 60, 10
   validate(c)
   return c
@@ -465,7 +465,7 @@ def get_config():
 
 
 def test_image_observations_on_two_processes_equal_one(tmp_path):
-  """The VL policy on Sokoban frames, two updates: 2 x 4 against 1 x 8. Each process lays out its own rows'
+  """The VL policy on Sokoban frames, one update: 2 x 4 against 1 x 8. Each process lays out its own rows'
   frames as its block of every call's image batch (prefill, the padded re-score, the packed update): the same
   episodes, metrics and parameter change as one process holding every frame."""
   cfg_file = tmp_path / "cfg_vl.py"
@@ -480,7 +480,7 @@ def test_image_observations_on_two_processes_equal_one(tmp_path):
     times[f"{processes}x{devices}"] = round(time.time() - t0, 1)
   print("wall times (s):", times)
   one, two = _metrics(dirs[1]), _metrics(dirs[2])
-  assert [r["step"] for r in two] == [0, 1] and two[0]["rollout/episodes"] == 6
+  assert [r["step"] for r in two] == [0] and two[0]["rollout/episodes"] == 6
   for a, b in zip(one, two):
     _same_update(a, b)
-  _assert_same_change(_params(dirs[1], "embedded-vl", 2), _params(dirs[2], "embedded-vl", 2), _init("embedded-vl"))
+  _assert_same_change(_params(dirs[1], "embedded-vl", 1), _params(dirs[2], "embedded-vl", 1), _init("embedded-vl"))
