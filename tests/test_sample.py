@@ -36,15 +36,17 @@ def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
   for b, n in enumerate((12, 7, 3)):
     tokens[b, 12 - n:] = RNG.integers(3, 96, n)
     valid[b, 12 - n:] = True
-  full = np.asarray(tf.full_logits(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))
-  # Prefill the first 8 columns, then decode the last 4 one at a time through the cache.
+  full = np.asarray(jax.jit(tf.full_logits, static_argnums=1)(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))
+  # Prefill the first 8 columns, then decode the last 4 one at a time through the cache (one jitted program per
+  # width: eagerly, every op would be its own).
+  step = jax.jit(lambda p, *a: (lambda h, c: (tf.logits_from_hidden(p, SPEC, h), c))(*tf.forward(p, SPEC, *a)))
   cache = tf.KVCache.create(SPEC, 3, 16)
   pos = np.asarray(tf.left_pad_positions(jnp.asarray(valid)))
-  h, cache = tf.forward(PARAMS, SPEC, tokens[:, :8], pos[:, :8], valid[:, :8].astype(np.int32), cache)
-  outs = [tf.logits_from_hidden(PARAMS, SPEC, h)]
+  logits, cache = step(PARAMS, tokens[:, :8], pos[:, :8], valid[:, :8].astype(np.int32), cache)
+  outs = [logits]
   for t in range(8, 12):
-    h, cache = tf.forward(PARAMS, SPEC, tokens[:, t:t + 1], pos[:, t:t + 1], valid[:, t:t + 1].astype(np.int32), cache)
-    outs.append(tf.logits_from_hidden(PARAMS, SPEC, h))
+    logits, cache = step(PARAMS, tokens[:, t:t + 1], pos[:, t:t + 1], valid[:, t:t + 1].astype(np.int32), cache)
+    outs.append(logits)
   cached = np.concatenate([np.asarray(o) for o in outs], axis=1)
   assert np.abs(cached[valid] - full[valid]).max() <= 1e-4
 
