@@ -1,4 +1,4 @@
-"""The experiment runner: 2 arms x 2 seeds x 2 updates on a tiny model write the JSONL, a real PNG and the
+"""The experiment runner: 2 arms x 2 seeds x 1 update on a tiny model write the JSONL, a real PNG and the
 summary; a killed experiment continues without repeating a finished run; bad arms are one clear error; the
 summary's numbers, paired tables and fingerprint divergence against hand-computed values on a fake workdir."""
 import json
@@ -17,7 +17,7 @@ from helpers import REPO as ROOT
 def _command(model_dir, workdir, cache):
   return [sys.executable, "-m", "seed_jax.experiment", f"--config={ROOT}/configs/textworld_express.py",
           "--arms=seed,grpo", "--seeds=0,1", f"--workdir={workdir}", f"--config.model.path={model_dir}",
-          "--config.warmstart.before_rl=False", "--config.train.num_updates=2", "--config.eval.every=1",
+          "--config.warmstart.before_rl=False", "--config.train.num_updates=1", "--config.eval.every=1",
           "--config.eval.max_tasks=2", "--config.rollout.tasks_per_update=1", "--config.rollout.group_size=2",
           "--config.rollout.max_new_tokens=8", "--config.env.max_steps=2", "--config.model.max_prompt_tokens=512",
           "--config.analyzer.max_new_tokens=16", "--config.analyzer.max_prompt_tokens=1024",
@@ -49,7 +49,7 @@ def test_arms_and_seeds_resume_and_outputs(tiny_model_dir, tmp_path):
   assert {(r["arm"], r["seed"]) for r in evals} == {("seed", 0), ("seed", 1), ("grpo", 0), ("grpo", 1)}
   for arm in ("seed", "grpo"):
     for seed in (0, 1):
-      assert [r["updates"] for r in evals if (r["arm"], r["seed"]) == (arm, seed)] == [0, 1, 2]
+      assert [r["updates"] for r in evals if (r["arm"], r["seed"]) == (arm, seed)] == [0, 1]
   png = (workdir / "curves.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
   summary = (workdir / "summary.md").read_text()
