@@ -65,11 +65,12 @@ def sequence_logits(params, spec, seq, length: int = 64) -> np.ndarray:
     raise ValueError(f"a sequence of {len(seq)} tokens does not fit length {length}")
   tokens, valid = np.zeros((1, length), np.int32), np.zeros((1, length), bool)
   tokens[0, length - len(seq):], valid[0, length - len(seq):] = seq, True
-  return np.asarray(_full_logits()(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))[0, length - len(seq):]
+  return np.asarray(jitted_full_logits()(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))[0, length - len(seq):]
 
 
 @functools.cache
-def _full_logits():
+def jitted_full_logits():
+  """`transformer.full_logits` jitted once per test process (the spec static): the tests' reference forward."""
   import jax
   from seed_jax.models import transformer
   return jax.jit(transformer.full_logits, static_argnums=1)

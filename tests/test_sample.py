@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import sequence_logits
+from helpers import jitted_full_logits, sequence_logits
 
 from seed_jax.infra.mesh import make_mesh, sharding_tree
 from seed_jax.models import transformer as tf
@@ -36,7 +36,7 @@ def test_kv_cache_decode_matches_full_forward_with_ragged_padding():
   for b, n in enumerate((12, 7, 3)):
     tokens[b, 12 - n:] = RNG.integers(3, 96, n)
     valid[b, 12 - n:] = True
-  full = np.asarray(jax.jit(tf.full_logits, static_argnums=1)(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))
+  full = np.asarray(jitted_full_logits()(PARAMS, SPEC, jnp.asarray(tokens), jnp.asarray(valid)))
   # Prefill the first 8 columns, then decode the last 4 one at a time through the cache (one jitted program per
   # width: eagerly, every op would be its own).
   step = jax.jit(lambda p, *a: (lambda h, c: (tf.logits_from_hidden(p, SPEC, h), c))(*tf.forward(p, SPEC, *a)))

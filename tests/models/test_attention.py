@@ -26,9 +26,10 @@ def _reference(q, k, v, seg):
   return jnp.where((seg > 0)[:, :, None, None, None], jnp.einsum("bkgts,bskh->btkgh", p, v), 0.0)
 
 
-def _grads(fn, *args):
-  """d/d(q, k, v) of fn(q, k, v), one jitted program (eagerly, every op of the tile loop would be its own)."""
-  return jax.jit(jax.grad(fn, (0, 1, 2)))(*args)
+def _grads(fn, w, q, k, v):
+  """d/d(q, k, v) of sum(fn(q, k, v) * w), one jitted program (eagerly, every op of the tile loop would be its
+  own)."""
+  return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), (0, 1, 2)))(q, k, v)
 
 
 def _inputs(T=45, B=2, K=2, G=3, h=8, seed=0):
@@ -46,9 +47,8 @@ def test_values_and_gradients_equal_the_materialized_softmax(block):
   q, k, v, seg, w = _inputs()
   fn = lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=block)
   np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
-  loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = _grads(loss(fn), q, k, v)
-  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
+  got = _grads(fn, w, q, k, v)
+  want = _grads(lambda q, k, v: _reference(q, k, v, seg), w, q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -69,9 +69,8 @@ def test_packed_rows_skip_the_tiles_of_other_segments():
     w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * (s > 0)[:, :, None, None, None]
     fn = lambda q, k, v: attention.blockwise_causal_attention(q, k, v, s, block=8)
     np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, s), atol=2e-6)
-    loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-    got = _grads(loss(fn), q, k, v)
-    want = _grads(loss(lambda q, k, v: _reference(q, k, v, s)), q, k, v)
+    got = _grads(fn, w, q, k, v)
+    want = _grads(lambda q, k, v: _reference(q, k, v, s), w, q, k, v)
     for g, r in zip(got, want):
       np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -84,12 +83,11 @@ def test_rows_in_steps_equal_all_rows_at_once(rows_per_step):
   seg = seg.at[2, 30:].set(2).at[3, :12].set(0)  # four different segment layouts
   w = w * (seg > 0)[:, :, None, None, None]
   fn = lambda r: (lambda q, k, v: attention.blockwise_causal_attention(q, k, v, seg, block=8, rows_per_step=r))
-  loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) * w))
   stepped = jax.jit(fn(rows_per_step))(q, k, v)
   np.testing.assert_allclose(stepped, _reference(q, k, v, seg), atol=2e-6)
   np.testing.assert_allclose(stepped, jax.jit(fn(0))(q, k, v), atol=1e-6)
-  got = _grads(loss(fn(rows_per_step)), q, k, v)
-  for g, r in zip(got, _grads(loss(fn(0)), q, k, v)):
+  got = _grads(fn(rows_per_step), w, q, k, v)
+  for g, r in zip(got, _grads(fn(0), w, q, k, v)):
     np.testing.assert_allclose(g, r, atol=1e-6)
 
 
@@ -145,9 +143,8 @@ def test_fused_attention_call_equals_the_materialized_softmax():
   q, k, v, seg, w = _inputs()
   fused = lambda q, k, v: attention.fused_causal_attention(q, k, v, seg, implementation="xla")
   np.testing.assert_allclose(jax.jit(fused)(q, k, v), _reference(q, k, v, seg), atol=2e-6)
-  loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = _grads(loss(fused), q, k, v)
-  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
+  got = _grads(fused, w, q, k, v)
+  want = _grads(lambda q, k, v: _reference(q, k, v, seg), w, q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=5e-6)
 
@@ -214,9 +211,8 @@ def test_splash_kernel_in_interpret_mode_equals_the_materialized_softmax():
   q, k, v, seg, w = _inputs(T=200, h=16)
   fn = lambda q, k, v: attention.splash_causal_attention(q, k, v, seg, block=128)
   np.testing.assert_allclose(jax.jit(fn)(q, k, v), _reference(q, k, v, seg), atol=5e-6)
-  loss = lambda fn: (lambda q, k, v: jnp.sum(fn(q, k, v) * w))
-  got = _grads(loss(fn), q, k, v)
-  want = _grads(loss(lambda q, k, v: _reference(q, k, v, seg)), q, k, v)
+  got = _grads(fn, w, q, k, v)
+  want = _grads(lambda q, k, v: _reference(q, k, v, seg), w, q, k, v)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=2e-4, rtol=1e-4)
 

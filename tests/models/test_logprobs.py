@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import sequence_logits
+from helpers import jitted_full_logits, sequence_logits
 
 from seed_jax.models import logprobs as lp
 from seed_jax.models import transformer as tf
@@ -88,7 +88,7 @@ def test_token_logprobs_remat_gives_the_same_values_and_gradients():
 
 def test_sequence_logits_equal_the_unpadded_forward():
   """The tests' reference helper: a sequence left-padded to one length gives its unpadded full-forward logits."""
-  full_logits = jax.jit(tf.full_logits, static_argnums=1)
+  full_logits = jitted_full_logits()
   for n in (1, 20):
     seq = np.random.default_rng(n).integers(1, 80, n).tolist()
     t = jnp.asarray([seq])

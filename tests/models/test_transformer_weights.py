@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import hf_logits, hf_tiny_model, left_padded
+from helpers import hf_logits, hf_tiny_model, jitted_full_logits, left_padded
 from seed_jax.infra.mesh import make_mesh
 from seed_jax.models import load
 from seed_jax.models import transformer as tf
@@ -38,7 +38,7 @@ def hf_case(request, tmp_path_factory):
 
 
 def _ours(params, spec, tokens, valid):
-  return np.asarray(jax.jit(tf.full_logits, static_argnums=1)(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))
+  return np.asarray(jitted_full_logits()(params, spec, jnp.asarray(tokens), jnp.asarray(valid)))
 
 
 def test_logits_match_transformers_with_left_padding(hf_case):
