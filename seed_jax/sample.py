@@ -23,7 +23,7 @@ from seed_jax import images as images_lib
 from seed_jax import prefix
 from seed_jax.buckets import CompileCounter, TokenCount, bucket, pow2_sizes, prompt_sizes
 from seed_jax.config import check_choice
-from seed_jax.decode import STOP_NAMES, decode, front_pad, start_rows
+from seed_jax.decode import STOP_NAMES, decode, start_rows
 from seed_jax.infra import distributed
 from seed_jax.models import transformer as tf
 from seed_jax.models import vlm
@@ -146,7 +146,7 @@ class Sampler:
     opened = (self.heads is None and self.cfg.prefix_reuse_mb > 0 and self.spec.vision is None
               and jax.process_count() == 1)
     if opened:
-      self.heads = prefix.Heads(self.prompt_sizes, self.cfg.prefix_reuse_mb << 20)
+      self.heads = prefix.Heads(self.prompt_sizes[0], self.cfg.prefix_reuse_mb << 20)
     try:
       yield
     finally:
@@ -282,13 +282,13 @@ class Sampler:
   def _prefill_reusing(self, params, unique, U: int, Pn: int, max_new: int):
     """`_prefill` where prompts share heads (prefix.Heads): the prompts with no head to reuse are prefilled
     together, then each other one prefills its tail after the head it shares with a prompt prefilled before it
-    (in this call or earlier in the scope), into its row of the U rows of Pn + max_new slots."""
+    (in this call or earlier in the scope), into its row of the U rows of Pn + max_new slots: the head
+    left-padded in the Pn - Tn slots before the tail's bucket Tn."""
     heads, chunk, dtype = self.heads, self.cfg.prefill_chunk, jnp.dtype(self.cfg.dtype)
     tail = lambda p, s: bucket(len(p) - s, self.prompt_sizes, "prompt length")
-    # The tail attends its [T, s + T] scores at once (prefill_after_head): rows long enough to attend tile by
-    # tile, or prefilled in chunks, are prefilled whole.
-    fits = lambda p: lambda s: (s + tail(p, s) <= Pn and not 0 < chunk < tail(p, s)
-                                and not self.spec.blockwise(s + tail(p, s)))
+    # The tail attends its [Tn, Pn] scores at once (prefill_after_head): calls long enough to attend tile by
+    # tile, and tails prefilled in chunks, are prefilled whole, as are tails whose bucket is the call's.
+    fits = lambda p: lambda s: (tail(p, s) < Pn and not 0 < chunk < tail(p, s) and not self.spec.blockwise(Pn))
     plan: list[tuple[prefix.Entry | None, tuple[prefix.Entry, int] | None]] = []  # kept entry, (source, head)
     for p in unique:
       entry = prefix.Entry(np.asarray(p, np.int32), Pn * prefix.slot_bytes(self.spec, dtype))
@@ -301,32 +301,35 @@ class Sampler:
                                               bucket(len(full), self.batch_sizes, "batch"), Pn, max_new)
       for i, u in enumerate(full):
         if (entry := plan[u][0]) is not None:
-          entry.cache, entry.slot_N = prefix.row(cache, i, Pn), Pn - len(entry.ids) + np.arange(len(entry.ids))
+          entry.cache, entry.slot_N = prefix.row(cache, np.int32(i), Pn), Pn - len(entry.ids) + np.arange(len(entry.ids))
       if len(full) == len(unique):
         return cache, logits, pos
       at = {u: i for i, u in enumerate(full)}
       cache, logits, pos = prefix.take_rows(cache, logits, pos, jnp.asarray([at.get(u, 0) for u in range(U)]))
     else:
-      cache = tf.KVCache.create(self.spec, U, Pn + max_new, dtype).replace(end=jnp.asarray(Pn, jnp.int32))
-      logits, pos = jnp.zeros((U, self.spec.vocab_size), jnp.float32), jnp.zeros((U,), jnp.int32)
+      cache, logits, pos = prefix.empty(spec=self.spec, rows=U, prompt=Pn, max_new=max_new, dtype=dtype)
     t0 = time.perf_counter()
     for u, (entry, match) in enumerate(plan):
       if match is None:
         continue
-      (src, s), p = match, unique[u]
-      t, Tn = len(p) - s, tail(p, s)
+      (src, shared), p = match, unique[u]
+      Tn = tail(p, shared)
+      H = Pn - Tn
+      s = min(shared, H)  # a tail bucket rounded past the shared tokens takes the head's last ones
+      t = len(p) - s
       tokens_1T, valid_1T = np.zeros((1, Tn), np.int32), np.zeros((1, Tn), bool)
       tokens_1T[0, Tn - t:], valid_1T[0, Tn - t:] = p[s:], True
-      if self.compiles.see(("prefill_tail", s, Tn, max_new, self.cfg.dtype)):
-        log.info("compiling prefill after a shared head: head %d, tail %d (%d programs)", s, Tn, self.compiles.count)
-      head_k, head_v = prefix.take_head(src.cache, jnp.asarray(src.slot_N[:s], jnp.int32))
-      one, logits_1V, pos_1 = prefix.prefill_tail(params, head_k, head_v, tokens_1T, valid_1T, spec=self.spec,
-                                                  dtype=dtype, max_new=max_new)
-      if entry is not None:  # its tokens' slots once front-padded to the call's Pn
-        pad = Pn - s - Tn
-        entry.cache = prefix.row(front_pad(one, pad), 0, Pn)
-        entry.slot_N = pad + np.concatenate([np.arange(s), s + Tn - t + np.arange(t)])
-      cache, logits, pos = prefix.put_row(cache, logits, pos, one, logits_1V, pos_1, jnp.int32(u))
+      slot_H = np.zeros((H,), np.int32)  # the padding slots read slot 0, masked out
+      slot_H[H - s:] = src.slot_N[:s]
+      src_slots = src.cache.segment_BS.shape[1]
+      if self.compiles.see(("prefill_row", src_slots, U, Pn, Tn, max_new, self.cfg.dtype)):
+        log.info("compiling prefill after a shared head: head from %d slots, batch %d, prompt %d, tail %d "
+                 "(%d programs)", src_slots, U, Pn, Tn, self.compiles.count)
+      cache, logits, pos, kept = prefix.prefill_row(params, src.cache, slot_H, (np.arange(H) >= H - s)[None],
+                                                    tokens_1T, valid_1T, cache, logits, pos, np.int32(u),
+                                                    spec=self.spec, dtype=dtype, max_new=max_new)
+      if entry is not None:
+        entry.cache, entry.slot_N = kept, np.concatenate([H - s + np.arange(s), Pn - t + np.arange(t)])
       self.tokens.add(TokenCount(prompt_forwarded=Tn, prompt_real=len(p), prompt_reused=s))
     jax.block_until_ready(cache)
     self.times["prefill_s"] += time.perf_counter() - t0

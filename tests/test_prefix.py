@@ -26,12 +26,21 @@ def _prefill(params, spec, p, Pn, dtype=jnp.float32, max_new=4):
 
 
 def _reused(params, spec, src, p, s, Pn, Tn, dtype=jnp.float32, max_new=4):
-  """p's prefill after the first s tokens' keys and values taken from src's whole prefill at bucket Pn."""
+  """p's prefill after its first s tokens' keys and values, taken from src's whole prefill at bucket Pn and
+  left-padded into the Pn - Tn slots before p's tail bucket Tn (the sampler's layout), written into row 1 of a
+  two-row call's outputs: that row's cache, logits and next position."""
   cache, _, _ = _prefill(params, spec, src, Pn, dtype, max_new)
-  head_k, head_v = prefix.take_head(cache, jnp.arange(Pn - len(src), Pn - len(src) + s))
+  H = Pn - Tn
+  slot_H = np.zeros((H,), np.int32)
+  slot_H[H - s:] = Pn - len(src) + np.arange(s)
   tokens, valid = np.zeros((1, Tn), np.int32), np.zeros((1, Tn), bool)
   tokens[0, Tn - (len(p) - s):], valid[0, Tn - (len(p) - s):] = p[s:], True
-  return prefix.prefill_tail(params, head_k, head_v, tokens, valid, spec=spec, dtype=dtype, max_new=max_new)
+  src_row = prefix.row(cache, 0, Pn)
+  out = prefix.empty(spec=spec, rows=2, prompt=Pn, max_new=max_new, dtype=dtype)  # written into its row 1
+  cache, logits, pos, kept = prefix.prefill_row(params, src_row, slot_H, (np.arange(H) >= H - s)[None], tokens,
+                                                valid, *out, 1, spec=spec, dtype=dtype, max_new=max_new)
+  assert kept.segment_BS.shape == (1, Pn) and np.array_equal(kept.segment_BS, cache.segment_BS[1:, :Pn])
+  return prefix.row(cache, 1, Pn + max_new), logits[1:], pos[1:]
 
 
 def _kv_of_tokens(cache, slots_N):
@@ -40,23 +49,26 @@ def _kv_of_tokens(cache, slots_N):
 
 
 def test_a_tail_after_a_reused_head_has_its_whole_prefills_logits_and_keys():
-  """Prompt 3 (55 tokens) after 32 tokens of prompt 1's head: next-token logits, next position and every token's
-  keys and values equal its own whole prefill's within 1e-5."""
-  p, s, Tn = PROMPTS[3], 32, 32
+  """Prompt 3 (55 tokens) after all 52 tokens of prompt 1, left-padded in 56 slots before an 8-slot tail:
+  next-token logits, next position and every token's keys and values equal its own whole prefill's within
+  1e-5."""
+  p, s, Tn = PROMPTS[3], len(PROMPTS[1]), 8
+  assert prefix.common_prefix(np.asarray(p), np.asarray(PROMPTS[1])) == s == 52
   whole_cache, whole_logits, whole_pos = _prefill(PARAMS, SPEC, p, 64)
   cache, logits, pos = _reused(PARAMS, SPEC, PROMPTS[1], p, s, 64, Tn)
   np.testing.assert_allclose(np.asarray(logits), np.asarray(whole_logits), atol=1e-5)
   assert int(pos[0]) == int(whole_pos[0]) == len(p)
-  slots_N = np.concatenate([np.arange(s), s + Tn - (len(p) - s) + np.arange(len(p) - s)])
+  t = len(p) - s
+  slots_N = np.concatenate([64 - Tn - s + np.arange(s), 64 - t + np.arange(t)])
   for got, want in zip(_kv_of_tokens(cache, slots_N), _kv_of_tokens(whole_cache, 64 - len(p) + np.arange(len(p)))):
     np.testing.assert_allclose(got, want, atol=1e-5)
-  assert int(cache.end) == s + Tn and np.asarray(cache.segment_BS)[0, :s + Tn].sum() == len(p)
+  assert int(cache.end) == 64 and np.asarray(cache.segment_BS)[0, :64].sum() == len(p)
 
 
 @pytest.mark.slow
 def test_smollm2_step_prompt_after_a_reused_chat_and_task_head(smollm2):
-  """SmolLM2-135M on two chat-templated step prompts of one task: the second prompt's logits after the first's
-  64-token head (chat header, instructions, task) equal its whole prefill's: fp32 within 1e-4 of logits up to
+  """SmolLM2-135M on two chat-templated step prompts of one task: the second prompt's logits after the head it
+  shares with the first (chat header, instructions, task) equal its whole prefill's: fp32 within 1e-4 of logits up to
   ~31 (measured 2.9e-5), bf16 within 0.25 (measured 0.11: bf16 matmuls over other shapes, in another order)."""
   spec, params, tok = smollm2
   task = ("You are an agent in ScienceWorld. Your task: boil water. For compounds without a boiling point, "
@@ -65,10 +77,10 @@ def test_smollm2_step_prompt_after_a_reused_chat_and_task_head(smollm2):
   a = tok.encode_chat(task + "Step 1 observation: You are in the kitchen. In it, you see a counter, a sink, a stove.")
   b = tok.encode_chat(task + "Your last step: Step 1 action: look around. Step 2 observation: a fridge, a pot, a jar.")
   shared = prefix.common_prefix(np.asarray(a), np.asarray(b))
-  assert 64 <= shared < len(b) <= 192
+  assert 64 <= shared <= 128 and len(b) - shared <= 128 and len(b) <= 192
   for dtype, atol in ((jnp.float32, 1e-4), (jnp.bfloat16, 0.25)):
     _, want, _ = _prefill(params, spec, b, 256, dtype)
-    _, got, _ = _reused(params, spec, a, b, 64, 256, 128, dtype)
+    _, got, _ = _reused(params, spec, a, b, shared, 256, 128, dtype)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol)
 
 
@@ -94,7 +106,8 @@ def test_the_sampler_with_shared_heads_samples_what_it_samples_without(temperatu
     _same(run(whole), plain)
     _same(run(reuse), plain)
     a, b = whole.tokens, reuse.tokens
-    assert a.prompt_reused == 0 and b.prompt_reused >= 3 * 32 + 16  # prompts 1-3 reuse 32 tokens, 4 reuses 16
+    # Prompts 1-3 reuse 40, 32 and 48 tokens, 4 reuses 16: each its shared head, up to the slots before its tail.
+    assert a.prompt_reused == 0 and b.prompt_reused == 40 + 32 + 48 + 16
     assert b.prompt_real == a.prompt_real == sum(map(len, PROMPTS))
     assert b.prompt_forwarded < a.prompt_forwarded
     assert reuse.heads is None  # the scope closed with the call
@@ -140,17 +153,18 @@ def test_follow_up_turns_reuse_their_episode_head_within_a_budget(monkeypatch):
   assert big.tokens.prompt_reused >= small.tokens.prompt_reused > 0
 
 
-def test_heads_match_the_longest_shared_bucket_and_keep_within_the_budget():
-  heads = prefix.Heads([16, 32, 64], budget_bytes=100)
+def test_heads_match_the_longest_shared_head_and_keep_within_the_budget():
+  heads = prefix.Heads(min_shared=16, budget_bytes=100)
   assert heads.match(np.arange(50), lambda s: True) is None  # nothing prefilled yet
   a = prefix.Entry(np.arange(60), 60)
   assert heads.keep(a, [])
-  assert heads.match(np.arange(50), lambda s: True) == (a, 32)  # 49 shared (one token left to prefill)
-  assert heads.match(np.arange(50), lambda s: s <= 16) == (a, 16)  # the tail must fit the row
-  assert heads.match(np.r_[np.arange(10), 99], lambda s: True) is None  # 10 shared: less than a bucket
+  assert heads.match(np.arange(50), lambda s: True) == (a, 49)  # one token left to prefill
+  assert heads.match(np.arange(50), lambda s: s <= 16) is None  # the tail must fit the call's row
+  assert heads.match(np.r_[np.arange(10), 99], lambda s: True) is None  # 10 shared: under min_shared
   b = prefix.Entry(np.r_[np.arange(40), 7, 7], 40)
   assert heads.keep(b, [a]) and heads.entries == [a, b]  # 100 bytes: both fit
-  assert heads.match(np.r_[np.arange(40), 7, 7, 7], lambda s: True) == (b, 32)
+  assert heads.match(np.r_[np.arange(40), 7, 7, 7], lambda s: True) == (b, 42)
+  assert heads.match(np.r_[np.arange(45), 7], lambda s: True) == (a, 45)  # the longer of the shared heads
   c = prefix.Entry(np.arange(8), 30)
   assert not heads.keep(c, [a, b])  # over the budget, and both are this call's heads
   assert heads.keep(c, [b]) and heads.entries == [b, c]  # the oldest one not in use goes

@@ -304,33 +304,34 @@ def prefill(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   return hidden_BTD, KVCache(k=k, v=v, segment_BS=segment_BS, end=jnp.asarray(T, jnp.int32))
 
 
-def prefill_after_head(params: Params, spec: ModelSpec, head_k, head_v, tokens_BT, positions_BT, segment_BT,
-                       length: int, dtype=jnp.float32):
-  """`prefill` of prompts whose first s tokens' keys and values are given (head_k / head_v: per layer, in
-  KVCache layout, s slots, all valid): the T new tokens attend to the head and causally to each other, a
-  `lax.scan` over the stacked layers as `_scan_layers` (a loop of cached forwards runs slower here). Returns
-  (final-normed hidden states [B, T, D], a `length`-slot KVCache: the head at [0, s), the tokens at [s, s+T))."""
-  B, T = tokens_BT.shape
-  s = head_k[0].shape[-1]
+def prefill_after_head(params: Params, spec: ModelSpec, head_k, head_v, head_segment_BH, tokens_BT, positions_BT,
+                       segment_BT, length: int, dtype=jnp.float32):
+  """`prefill` of prompts whose head's keys and values are given (head_k / head_v: per layer, in KVCache
+  layout, H slots; head_segment_BH: each slot's segment, 0 for padding): the T new tokens attend to the head
+  and causally to each other, a `lax.scan` over the stacked layers as `_scan_layers` (a loop of cached forwards
+  runs slower here). Returns (final-normed hidden states [B, T, D], a `length`-slot KVCache: the head at [0, H),
+  the tokens at [H, H+T))."""
+  T = tokens_BT.shape[1]
+  H = head_k[0].shape[-1]
   x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT)
-  seg_BS = jnp.concatenate([jnp.ones((B, s), jnp.int32), segment_BT.astype(jnp.int32)], axis=1)
-  slot_S = jnp.arange(s + T)
-  mask_BTS = (((s + jnp.arange(T))[None, :, None] >= slot_S[None, None, :])
+  seg_BS = jnp.concatenate([head_segment_BH.astype(jnp.int32), segment_BT.astype(jnp.int32)], axis=1)
+  slot_S = jnp.arange(H + T)
+  mask_BTS = (((H + jnp.arange(T))[None, :, None] >= slot_S[None, None, :])
               & (segment_BT[:, :, None] == seg_BS[:, None, :]) & (seg_BS[:, None, :] > 0))
   grow = lambda a, axis: jnp.pad(a, [(0, T) if i == axis else (0, 0) for i in range(a.ndim)])
 
   def body(x, xs):
     w, k, v = xs
-    x, kv = _layer(spec, dtype, x, w, cos_BTh, sin_BTh, attention.LayerCache(grow(k, 3), grow(v, 2), jnp.int32(s)),
+    x, kv = _layer(spec, dtype, x, w, cos_BTh, sin_BTh, attention.LayerCache(grow(k, 3), grow(v, 2), jnp.int32(H)),
                    mask_BTS, segment_BT)
     return x, (kv.k, kv.v)
 
   x_BTD, (k, v) = jax.lax.scan(body, x_BTD, (_cast_layers(params["layers"], dtype), jnp.stack(head_k), jnp.stack(head_v)))
-  room = length - s - T
+  room = length - H - T
   return rms_norm(x_BTD, params["final_norm"], spec.rms_eps), KVCache(
       k=tuple(jnp.pad(k[i], ((0, 0), (0, 0), (0, 0), (0, room))) for i in range(spec.n_layers)),
       v=tuple(jnp.pad(v[i], ((0, 0), (0, 0), (0, room), (0, 0))) for i in range(spec.n_layers)),
-      segment_BS=jnp.pad(seg_BS, ((0, 0), (0, room))), end=jnp.asarray(s + T, jnp.int32))
+      segment_BS=jnp.pad(seg_BS, ((0, 0), (0, room))), end=jnp.asarray(H + T, jnp.int32))
 
 
 def _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, dtype, chunk, embeds=None):
