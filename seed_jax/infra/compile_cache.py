@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 
 import jax
+from jax._src import cache_key  # the key's device part (_key_cpu_programs_by_device_kind)
+
+from seed_jax.infra import machine
 
 _HITS = "/jax/compilation_cache/cache_hits"
 _hits = [0]
@@ -32,10 +35,36 @@ def enable(folder: str = "", min_compile_time_s: float = -1.0) -> str:
   if min_compile_time_s < 0:
     min_compile_time_s = default_min_compile_time_s()
   os.makedirs(folder, exist_ok=True)
+  _key_cpu_programs_by_device_kind()
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return folder
+
+
+def _key_cpu_programs_by_device_kind() -> None:
+  """JAX keys a program partly by its devices' topology, whose CPU fingerprint holds the process index, and
+  only process 0 writes entries: the other processes of a multi-process CPU job (the tests' pods) missed every
+  entry and compiled every program again. Such jobs key CPU programs here by their devices' kinds and the
+  host CPU's model and instruction sets (what the topology adds: the compiled code's target); the device
+  assignment and sharding stay in the key through the compile options and the program, so every process reads
+  what process 0 wrote. One-process jobs, other platforms, hosts without /proc/cpuinfo and a JAX without this
+  hook keep JAX's own key."""
+  hook = getattr(cache_key, "_hash_accelerator_config", None)
+  cpu = machine.cpu_fields()
+  if hook is None or getattr(hook, "_seed_jax", False) or not hasattr(cache_key, "_hash_devices") or not cpu:
+    return
+  host = "\n".join(f"{k}: {v}" for k, v in sorted(cpu.items()))
+
+  def keyed(hash_obj, devices, *rest):
+    if jax.process_count() > 1 and all(d.platform == "cpu" for d in devices.flat):
+      cache_key._hash_devices(hash_obj, devices)
+      hash_obj.update(host.encode())
+    else:
+      hook(hash_obj, devices, *rest)
+
+  keyed._seed_jax = True
+  cache_key._hash_accelerator_config = keyed
 
 
 def _count(event: str, **_) -> None:
