@@ -301,7 +301,7 @@ class Sampler:
                                               bucket(len(full), self.batch_sizes, "batch"), Pn, max_new)
       for i, u in enumerate(full):
         if (entry := plan[u][0]) is not None:
-          entry.cache, entry.slot_N = prefix.row(cache, np.int32(i), Pn), Pn - len(entry.ids) + np.arange(len(entry.ids))
+          entry.cache, entry.slot_N = prefix.row(cache, i, Pn), Pn - len(entry.ids) + np.arange(len(entry.ids))
       if len(full) == len(unique):
         return cache, logits, pos
       at = {u: i for i, u in enumerate(full)}
@@ -326,7 +326,7 @@ class Sampler:
         log.info("compiling prefill after a shared head: head from %d slots, batch %d, prompt %d, tail %d "
                  "(%d programs)", src_slots, U, Pn, Tn, self.compiles.count)
       cache, logits, pos, kept = prefix.prefill_row(params, src.cache, slot_H, (np.arange(H) >= H - s)[None],
-                                                    tokens_1T, valid_1T, cache, logits, pos, np.int32(u),
+                                                    tokens_1T, valid_1T, cache, logits, pos, u,
                                                     spec=self.spec, dtype=dtype, max_new=max_new)
       if entry is not None:
         entry.cache, entry.slot_N = kept, np.concatenate([H - s + np.arange(s), Pn - t + np.arange(t)])

@@ -6,7 +6,11 @@ from __future__ import annotations
 import os
 
 import jax
-from jax._src import cache_key  # the key's device part (_key_cpu_programs_by_device_kind)
+
+try:
+  from jax._src import cache_key  # the key's device part (_key_cpu_programs_by_device_kind)
+except ImportError:  # a JAX without it keeps its own key
+  cache_key = None
 
 from seed_jax.infra import machine
 
