@@ -5,12 +5,14 @@ duration events: tracing, lowering, XLA compiles (and the programs that took lon
 `--tiny` (the default) runs the test suite's kind of job: the tiny random Llama of tests/helpers.py with the
 embedded tokenizer on TextWorldExpress, 3 tasks x 2 rollouts, 3 updates, on 8 CPU devices; `--notiny` runs the
 given config as it is. Flags after `--` go to seed_jax.main (e.g. `-- --config.train.num_updates=1`).
+`--processes=2` runs it as tests/test_pods.py's pods do: 2 processes of 4 devices on a loopback coordinator.
 Prints one JSON line: per run the process's wall and CPU seconds (its own and its waited-for children's), and from
 after `import jax` the seconds to the first rollout program (start-up: imports, tokenizer, environment processes,
-weights) and those JAX spent tracing, lowering, compiling and reading the cache. XLA_FLAGS set outside are kept
-(to try a flag on both runs).
+weights) and those JAX spent tracing, lowering, compiling and reading the cache; with several processes, the
+job's wall time and each process's line. XLA_FLAGS set outside are kept (to try a flag on both runs).
 
-Usage: python -m benchmarks.startup [--config_file=configs/textworld_express.py] [--notiny] [-- --config.x=y ...]
+Usage: python -m benchmarks.startup [--config_file=configs/textworld_express.py] [--notiny] [--processes=2]
+                                    [-- --config.x=y ...]
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,9 @@ from benchmarks import common
 
 _CONFIG = flags.DEFINE_string("config_file", "configs/textworld_express.py", "seed_jax config file")
 _TINY = flags.DEFINE_bool("tiny", True, "the tests' tiny random Llama and small settings")
-_DEVICES = flags.DEFINE_integer("devices", 8, "CPU devices (XLA's host platform device count)")
+_DEVICES = flags.DEFINE_integer("devices", 8, "CPU devices (XLA's host platform device count), over all processes")
+_PROCESSES = flags.DEFINE_integer("processes", 1, "processes of the job (a loopback coordinator), each with "
+                                  "devices / processes CPU devices, as tests/test_pods.py runs them")
 
 # The test suite's small TextWorldExpress job (tests/test_pods.py's settings).
 TINY_FLAGS = ("--config.model.max_prompt_tokens=512", "--config.rollout.tasks_per_update=3",
@@ -82,27 +87,44 @@ def child(argv: list[str]) -> None:
       "lower_s": round(seconds[ev("jaxpr_to_mlir_module_duration")], 1),
       "cache_hits": counts["/jax/compilation_cache/cache_hits"],
       "cache_read_s": round(seconds["/jax/compilation_cache/cache_retrieval_time_sec"], 1),
-      "longest_compiles": [[n, round(s, 2)] for n, s in sorted(compiles, key=lambda c: -c[1])[:6]]}), flush=True)
+      "longest_compiles": [[n, round(s, 2)] for n, s in sorted(compiles, key=lambda c: -c[1])[:6]],
+      "cpu_s": round(sum(getattr(resource.getrusage(who), f) for f in ("ru_utime", "ru_stime")
+                         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)), 1)}), flush=True)
 
 
 def _run(argv: list[str], cache_dir: str, workdir: str) -> dict:
+  """The job once: its processes' lines (one process: its line), with the job's wall time."""
+  n = _PROCESSES.value
+  devices = f"--xla_force_host_platform_device_count={_DEVICES.value // n}"
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache_dir,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", TOKENIZERS_PARALLELISM="false",
-             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_DEVICES.value}")
-  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {devices}")
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  job = lambda i: [] if n == 1 else [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                                     f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}"]
+  logs = [tempfile.TemporaryFile("w+") for _ in range(n)]  # not pipes: a full one would stall its process
   t0 = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.startup", "--child", "--", *argv, f"--workdir={workdir}"],
-                        cwd=common.ROOT, env=env, capture_output=True, text=True)
+  procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.startup", "--child", "--", *argv,
+                             f"--workdir={workdir}", *job(i)], cwd=common.ROOT, env=env, stdout=log, stderr=log,
+                            text=True) for i, log in enumerate(logs)]
+  for p in procs:
+    p.wait()
   wall = time.perf_counter() - t0
-  after = resource.getrusage(resource.RUSAGE_CHILDREN)
-  lines = proc.stdout.strip().splitlines()
-  if proc.returncode or not lines or not lines[-1].startswith("{"):
-    raise RuntimeError(f"seed_jax.main failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-  out = json.loads(lines[-1])
-  if out["exit"]:
-    raise RuntimeError(f"seed_jax.main exited {out['exit']}:\n{proc.stderr[-4000:]}")
-  return dict(out, process_wall_s=round(wall, 1),
-              cpu_s=round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1))
+  outs = []
+  for p, log in zip(procs, logs):
+    log.seek(0)
+    output = log.read()
+    lines = [line for line in output.strip().splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+      raise RuntimeError(f"seed_jax.main failed ({p.returncode}):\n{output[-4000:]}")
+    out = json.loads(lines[-1])
+    if out["exit"]:
+      raise RuntimeError(f"seed_jax.main exited {out['exit']}:\n{output[-4000:]}")
+    outs.append(out)
+  return dict(outs[0], process_wall_s=round(wall, 1)) if n == 1 else {"process_wall_s": round(wall, 1),
+                                                                      "processes": outs}
 
 
 def main(argv: list[str]) -> None:
@@ -119,7 +141,7 @@ def main(argv: list[str]) -> None:
     cache = os.path.join(tmp, "jax_cache")
     runs = {name: _run(args, cache, os.path.join(tmp, name)) for name in ("cold", "warm")}
   common.emit({"bench": "startup", "config": _CONFIG.value, "tiny": _TINY.value, "devices": _DEVICES.value,
-               "flags": rest, **runs, "load_avg": common.load_avg()})
+               "processes": _PROCESSES.value, "flags": rest, **runs, "load_avg": common.load_avg()})
 
 
 if __name__ == "__main__":
