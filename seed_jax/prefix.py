@@ -88,8 +88,9 @@ def prefill_tail(params, head_k, head_v, head_valid_1H, tokens_1T, valid_1T, *, 
   next-token logits and next position."""
   positions_1T = jnp.sum(head_valid_1H, axis=1, keepdims=True) + tf.left_pad_positions(valid_1T)
   params = tf.cast_params(params, dtype)
+  slots = head_valid_1H.shape[1] + tokens_1T.shape[1] + max_new
   hidden_1TD, cache = tf.prefill_after_head(params, spec, head_k, head_v, head_valid_1H, tokens_1T, positions_1T,
-                                            valid_1T, head_valid_1H.shape[1] + tokens_1T.shape[1] + max_new, dtype)
+                                            valid_1T.astype(jnp.int32), slots, dtype)
   logits_1V = tf.logits_from_hidden(params, spec, hidden_1TD[:, -1:], dtype)[:, 0]
   return cache, logits_1V, positions_1T[:, -1] + 1
 
