@@ -209,7 +209,9 @@ def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills
   cfg = rt.cfg
   # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
   with_skills = with_skills and distributed.any_process(samples.opd_mask_N.any())  # [scale] the same passes everywhere
-  skill_ctx = [samples.skill_prompts] if with_skills and rt.teacher.rescore_skill_prompts else []
+  # Only the rows with a skill are scored under it: elsewhere the OPD mask is False and nothing reads the value.
+  skill_ctx = [[p if m else None for p, m in zip(samples.skill_prompts, samples.opd_mask_N)]
+               ] if with_skills and rt.teacher.rescore_skill_prompts else []
   contexts = ([samples.prompts] if old_source == "rescore" else []) + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
                          images=samples.images)[0] if contexts else []
@@ -219,6 +221,9 @@ def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills
     old = [np.asarray(x, np.float32) for x in samples.sampled_logps]
   else:  # "update": the update's own forward, under stop-gradient
     old = None
+  if skill_ctx:  # rows without a skill: their ordinary-context log-probs where known (masked out either way)
+    lp[-1] = [x if x is not None else np.zeros(len(r), np.float32) if old is None else old[i]
+              for i, (x, r) in enumerate(zip(lp[-1], samples.responses))]
   ref = None
   if rt.loss_cfg.kl_coef:
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM

@@ -87,7 +87,8 @@ class Rescorer:
   def score(self, params, contexts: Sequence[Sequence[Sequence[int]]], responses: Sequence[Sequence[int]],
             temperature: float, with_entropy: bool = False, images: Sequence | None = None
             ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """contexts[c][i]: prompt ids of sample i under context c; responses[i]: its response ids; images[i]: the
+    """contexts[c][i]: prompt ids of sample i under context c, or None where sample i is not scored under c
+    (packed, it costs nothing; its results come back None); responses[i]: its response ids; images[i]: the
     images.Image of sample i's prompts (None: text), the same under every context.
     Returns per-context, per-sample arrays of log-probs and entropies (each of len(responses[i]))."""
     C, N = len(contexts), len(responses)
@@ -96,6 +97,10 @@ class Rescorer:
     images = [None] * N if images is None else list(images)
     if any(f is not None for f in images) and self.spec.vision is None:
       raise ValueError("samples with images need a vision-language policy (config.model.path)")
+    empty = next(((c, i) for c, ctx in enumerate(contexts) for i, p in enumerate(ctx) if p is not None and not len(p)),
+                 None)
+    if empty:
+      raise ValueError(f"prompt {empty[1]} of context {empty[0]} is empty")
     if self.cfg.pack_length > 0:
       return self._score_packed(params, contexts, responses, temperature, with_entropy, images)
     logps = [[None] * N for _ in range(C)]
@@ -108,19 +113,20 @@ class Rescorer:
                                  temperature, with_entropy, [images[i] for i in idx])
       for c in range(C):
         for j, i in enumerate(idx):
-          n = len(responses[i])
-          logps[c][i], ents[c][i] = lp[c, j, :n], en[c, j, :n]
+          if contexts[c][i] is not None:
+            n = len(responses[i])
+            logps[c][i], ents[c][i] = lp[c, j, :n], en[c, j, :n]
     return logps, ents
 
   def _score_packed(self, params, contexts, responses, temperature, with_entropy, images):
-    """All C*N (prompt, response) sequences packed into equal passes of at most pack_tokens positions."""
+    """The (prompt, response) sequences of every context packed into equal passes of at most pack_tokens
+    positions; a None prompt is left out."""
     C, N = len(contexts), len(responses)
-    prompts = [p for ctx in contexts for p in ctx]
-    resps = [r for _ in contexts for r in responses]
-    frames = [f for _ in contexts for f in images]
-    if any(len(p) == 0 for p in prompts):
-      raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p) % N} of a context is empty")
-    R = bucket(max(1, max(map(len, responses), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
+    keep = [(c, i) for c, ctx in enumerate(contexts) for i, p in enumerate(ctx) if p is not None]
+    prompts = [contexts[c][i] for c, i in keep]
+    resps = [responses[i] for _, i in keep]
+    frames = [images[i] for _, i in keep]
+    R = bucket(max(1, max(map(len, resps), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
     # Every process's passes take the same shapes; only the passes that hold a sequence somewhere run.
     agreed = packing.agreed_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
@@ -128,7 +134,7 @@ class Rescorer:
     layout, R, live = agreed.layout, agreed.resp_len, agreed.live
     W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
     rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R, agreed.first_row)
-    self.tokens.add(layout.tokens(sum(map(len, prompts)), C * sum(map(len, responses)), R))
+    self.tokens.add(layout.tokens(sum(map(len, prompts)), sum(map(len, resps)), R))
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=min(self.cfg.vocab_chunk, R),
                   with_entropy=with_entropy)
     segs = packing.segments(layout, prompts, resps, frames)
@@ -156,34 +162,38 @@ class Rescorer:
       lp_out.append(lp)
       en_out.append(en)
     lp, en = np.concatenate(lp_out), np.concatenate(en_out)
-    logps = [[lp[slot_of[c * N + i], :len(responses[i])] for i in range(N)] for c in range(C)]
-    ents = [[en[slot_of[c * N + i], :len(responses[i])] for i in range(N)] for c in range(C)]
+    logps, ents = [[None] * N for _ in range(C)], [[None] * N for _ in range(C)]
+    for k, (c, i) in enumerate(keep):
+      logps[c][i], ents[c][i] = lp[slot_of[k], :len(responses[i])], en[slot_of[k], :len(responses[i])]
     return logps, ents
 
-  def _score_batch(self, params, contexts, responses, temperature, with_entropy, frames):
-    C, N = len(contexts), len(responses)
+  def _score_batch(self, params, given, responses, temperature, with_entropy, frames):
+    C, N = len(given), len(responses)
     B, Pn, R = distributed.agree_max(  # every process's pass takes the same shapes
         bucket(max(N, 1), self.row_sizes, "samples"),
-        bucket(max((len(p) for ctx in contexts for p in ctx), default=1), self.prompt_sizes, "prompt length"),
+        bucket(max((len(p) for ctx in given for p in ctx if p is not None), default=1), self.prompt_sizes,
+               "prompt length"),
         bucket(max(1, max(map(len, responses), default=1)), self.resp_sizes, "response length"))
     prompt = np.full((C, B, Pn), self.pad_id, np.int32)
     pvalid = np.zeros((C, B, Pn), bool)
     resp = np.full((B, R), self.pad_id, np.int32)
     rmask = np.zeros((B, R), bool)
+    # A sample left out of a context (None) still takes its row there: one pad token it attends, read back by nobody.
+    contexts = [[[self.pad_id] if p is None else p for p in ctx] for ctx in given]
     for c, ctx in enumerate(contexts):
       for b, p in enumerate(ctx):
-        if len(p) == 0:
-          raise ValueError(f"prompt {b} of context {c} is empty")
         prompt[c, b, Pn - len(p):], pvalid[c, b, Pn - len(p):] = p, True
     for b, r in enumerate(responses):
       resp[b, :len(r)], rmask[b, :len(r)] = r, True
-    self.tokens.add(TokenCount(prompt_forwarded=C * B * Pn, prompt_real=sum(len(p) for ctx in contexts for p in ctx),
-                               response_forwarded=C * B * R, response_real=C * sum(map(len, responses)),
-                               rows_forwarded=C * B, rows_real=C * N))
+    real = [(p, r) for ctx in given for p, r in zip(ctx, responses) if p is not None]
+    self.tokens.add(TokenCount(prompt_forwarded=C * B * Pn, prompt_real=sum(len(p) for p, _ in real),
+                               response_forwarded=C * B * R, response_real=sum(len(r) for _, r in real),
+                               rows_forwarded=C * B, rows_real=len(real)))
     chunk = min(self.cfg.vocab_chunk, R)
     static = dict(spec=self.spec, dtype=jnp.dtype(self.cfg.dtype), chunk=chunk, with_entropy=with_entropy)
-    image_batch = self._context_images(C, B, Pn + R, [(c * B + b, Pn - len(p), p, responses[b], frames[b])
-                                                      for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
+    image_batch = self._context_images(C, B, Pn + R, [
+        (c * B + b, Pn - len(p), p, responses[b], frames[b] if given[c][b] is not None else None)
+        for c, ctx in enumerate(contexts) for b, p in enumerate(ctx)])
     patches = 0 if image_batch is None else image_batch.pixels_NP.shape[0]
     if self.compiles.see(("rescore", C, B, Pn, R, patches, with_entropy)):
       log.info("compiling rescore: %d contexts x %d rows, prompt %d, response %d, image patches %d", C, B, Pn, R,

@@ -112,6 +112,36 @@ def test_packed_rescore_equals_padded():
   assert packed.tokens.real == padded.tokens.real
 
 
+
+def test_a_context_scores_only_the_samples_it_is_given():
+  """A None prompt leaves the sample out of that context (the rows without a skill under the skill context):
+  the others' log-probs are those of scoring every sample, its entries come back None, and packed it is not
+  forwarded at all (padded it only costs a row)."""
+  prompts, resps = _ragged(11, 3, 200, 0), _ragged(11, 1, 20, 1)
+  given = [p[::-1] if i % 3 == 0 else None for i, p in enumerate(prompts)]  # samples 0, 3, 6, 9
+  for pack in (0, 256):
+    cfg = RescorerConfig(max_rows=8, vocab_chunk=8, dtype="float32", pack_length=pack, pack_tokens=512)
+    every, some = Rescorer(SPEC, 0, cfg), Rescorer(SPEC, 0, cfg)
+    la, ea = every.score(PARAMS, [prompts, [p[::-1] for p in prompts]], resps, 0.7, with_entropy=True)
+    lb, eb = some.score(PARAMS, [prompts, given], resps, 0.7, with_entropy=True)
+    for i in range(11):
+      np.testing.assert_allclose(lb[0][i], la[0][i], atol=1e-5)
+      if given[i] is None:
+        assert lb[1][i] is None and eb[1][i] is None
+      else:
+        np.testing.assert_allclose(lb[1][i], la[1][i], atol=1e-5)
+        np.testing.assert_allclose(eb[1][i], ea[1][i], atol=1e-5)
+    left_out = sum(len(p) + len(r) for p, r, g in zip(prompts, resps, given) if g is None)
+    assert some.tokens.real == every.tokens.real - left_out
+    assert some.tokens.rows_real == 11 + 4
+    if pack:  # exactly the cost of the scored sequences as one context
+      kept = [i for i, g in enumerate(given) if g is not None]
+      flat = Rescorer(SPEC, 0, cfg)
+      flat.score(PARAMS, [prompts + [given[i] for i in kept]], resps + [resps[i] for i in kept], 0.7)
+      assert some.tokens == flat.tokens and some.tokens.forwarded < 0.85 * every.tokens.forwarded
+  with pytest.raises(ValueError, match="prompt 2 of context 1 is empty"):
+    Rescorer(SPEC, 0, cfg).score(PARAMS, [prompts[:3], [None, None, []]], resps[:3], 1.0)
+
 def _samples(n=10, seed=0):
   prompts, resps = _ragged(n, 3, 60, seed), _ragged(n, 1, 9, seed + 1)
   rng = np.random.default_rng(seed)

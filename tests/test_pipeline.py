@@ -153,6 +153,8 @@ def test_end_to_end_metrics_dumps_and_opd_mask(full_run):
     assert r["tokens/rollout_response_real"] == pytest.approx(r["rollout/response_tokens"] * n_rows)
     assert r["tokens/analysis_forwarded"] == 0 and r["tokens/update_rows_real"] == n_rows
     assert all(0 < r[f"tokens/{p}_real"] <= r[f"tokens/{p}_forwarded"] for p in ("rollout", "rescore", "update"))
+    # The re-score: every row under the KL reference, only the analyzed ones under their skill (π_old: the sampler's)
+    assert r["tokens/rescore_rows_real"] == n_rows + n_ok
   line = report.summary_line(1, 2, rows[1])
   assert line.startswith(f"update 2/2: return {rows[1]['rollout/return']:.3f} success {rows[1]['rollout/success']:.3f} ")
   assert f"skill-parse {rows[1]['analysis/parse_rate']:.2f} opd-tokens {rows[1]['update/opd_tokens']:.0f} " in line
