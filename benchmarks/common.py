@@ -6,6 +6,7 @@ prints one JSON line) and prints one JSON line with both sides, their ratios and
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -62,13 +63,14 @@ def median(xs: list[float]) -> float:
   return statistics.median(xs)
 
 
-def matmul_peak_gflops(n: int = 2048, runs: int = 7) -> float:
-  """fp32 GFLOP/s of one large jnp matmul (median), the practical compute ceiling of this CPU."""
+def matmul_peak_gflops(n: int = 2048, runs: int = 7, dtype: str = "float32") -> float:
+  """GFLOP/s of one large jnp matmul (median), the practical compute ceiling of this CPU: operands in `dtype`,
+  fp32 results, as the model's projections (bf16 runs native AVX512_BF16 / AMX products where the CPU has them)."""
   import jax
   import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  mm = jax.jit(jnp.matmul)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+  mm = jax.jit(functools.partial(jnp.matmul, preferred_element_type=jnp.float32))
   mm(a, b).block_until_ready()
   return 2 * n ** 3 / median(timed(lambda: mm(a, b).block_until_ready(), runs)) / 1e9
 

@@ -1,13 +1,16 @@
 """One SEED update (`pipeline.rl_update`: rollout -> self-analysis -> re-score -> advantages -> PPO) on the
 embedded ScienceWorld default (configs/sciworld.py: SmolLM2-135M, fp32, real ScienceWorld envs), each phase's
-wall time against the time its arithmetic needs at this CPU's matmul peak (common.matmul_peak_gflops, the
-best of measurements before, between and after the updates: other work on the cores only lowers them);
+wall time against the time its arithmetic needs at this CPU's matmul peak in the phase's dtype
+(common.matmul_peak_gflops, the best of measurements before, between and after the updates: other work on the
+cores only lowers them);
 prints one JSON line.
 
 The RL run's warm start is left out (`--warm` keeps it: the cached warm-started policy is the actor). One
 warm-up update compiles the programs; the measured update repeats update 0's tasks from the warmed-up state, so
-its shapes (and buckets) are the warm-up's and it shows the steady state (`compiles.in_measured_update` says
-whether any program was still compiled inside it).
+it shows the steady state. A repeat can still meet a new shape (its first prompts reuse the heads the last update
+kept); an update that compiled anything counts as one more warm-up (`warmup_updates`, at most MAX_WARMUPS) and the
+next is measured. `compiles.in_measured_update` says whether the measured one still compiled, and
+`compiles.seconds_in_measured_update` how long tracing, lowering and compiling took inside it.
 
 Per phase: `split` (rollout and analysis) is where the phase's time went: prefill_s and decode_s of the
 sampler's calls, env_s in the environment pool (rollout), host_s the rest (rendering and tokenizing prompts,
@@ -50,6 +53,10 @@ from typing import Any, Sequence
 from benchmarks import common
 
 PHASES = ("rollout", "analysis", "rescore", "update")
+COMPILED = ("sampler", "rescore", "update")  # the pipeline's compiles/* counters
+MAX_WARMUPS = 3
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
 BIG = {"rollout.tasks_per_update": "4", "rollout.group_size": "4"}
 
 
@@ -144,10 +151,22 @@ def decode_report(spec, m: dict[str, Any], n_params: int, dtype: str, bandwidth_
               bandwidth_gbs=round(bandwidth_gbs, 1), dtype=dtype)
 
 
+def new_compiles(before: dict[str, Any], after: dict[str, Any]) -> int:
+  """Programs compiled between two updates' metrics (their compiles/* counts are the run's totals so far)."""
+  return sum(int(after.get(f"compiles/{k}", 0)) - int(before.get(f"compiles/{k}", 0)) for k in COMPILED)
+
+
 def run_update(a) -> dict[str, Any]:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   import jax
+  compile_s: dict[str, float] = {}
+
+  def on_duration(event: str, seconds: float, **_):
+    if event in COMPILE_EVENTS:
+      compile_s[event] = compile_s.get(event, 0.0) + seconds
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
   import jax.numpy as jnp
   from seed_jax import pipeline, runtime
   from seed_jax import update as update_lib
@@ -163,7 +182,16 @@ def run_update(a) -> dict[str, Any]:
     cfg = warmstart.with_warm_policy(cfg)
   rt = runtime.build(cfg)
   build_s = time.perf_counter() - t0
-  peaks = [common.matmul_peak_gflops()]
+  # Each phase's ideal at the peak of its own matmul dtype (the sampler's, the re-score's, the learner's)
+  dtypes = {"rollout": cfg.sampler.dtype, "analysis": cfg.sampler.dtype, "rescore": cfg.rescore.dtype,
+            "update": cfg.learner.dtype}
+  peaks: dict[str, list[float]] = {d: [] for d in sorted(set(dtypes.values()))}
+
+  def measure_peaks():
+    for d in peaks:
+      peaks[d].append(common.matmul_peak_gflops(dtype=d))
+
+  measure_peaks()
   try:
     with tempfile.TemporaryDirectory() as workdir:
       writer = MetricsWriter(workdir, True, cfg.log)
@@ -171,28 +199,39 @@ def run_update(a) -> dict[str, Any]:
       t0 = time.perf_counter()
       state, warm_m = pipeline.rl_update(rt, state, 0, writer)
       warmup_s = time.perf_counter() - t0
-      peaks.append(common.matmul_peak_gflops())
+      measure_peaks()
       load_measured = common.load_avg()
-      t0 = time.perf_counter()
-      state, m = pipeline.rl_update(rt, state, 0, writer)
-      measured_s = time.perf_counter() - t0
+      # A repeated update can still take new shapes (e.g. its first prompts now reuse the heads the last one kept);
+      # an update that compiled counts as one more warm-up and the next one is measured, MAX_WARMUPS at most.
+      for warmups in range(1, MAX_WARMUPS + 1):
+        compile_s.clear()
+        t0 = time.perf_counter()
+        state, m = pipeline.rl_update(rt, state, 0, writer)
+        measured_s = time.perf_counter() - t0
+        if not new_compiles(warm_m, m) or warmups == MAX_WARMUPS:
+          break
+        warmup_s, warm_m = warmup_s + measured_s, m
+      measured_compile_s = sum(compile_s.values())
       writer.close()
   finally:
     rt.close()
-  peaks.append(common.matmul_peak_gflops())
-  peak = max(peaks)
-  phases = {p: phase_report(rt.spec, m, p, peak) for p in PHASES}
+  measure_peaks()
+  peak = {d: max(v) for d, v in peaks.items()}
+  phases = {p: phase_report(rt.spec, m, p, peak[dtypes[p]]) for p in PHASES}
   n_params = sum(x.size for x in jax.tree.leaves(rt.init_params))
   dec = decode_report(rt.spec, m, n_params, cfg.sampler.dtype, common.stream_bandwidth_gbs())
   wall = lambda ps: sum(phases[p]["wall_s"] for p in ps)
   outside = ("analysis", "rescore", "update")
   fwd = sum(phases[p]["forwarded_tokens"] for p in ("rescore", "update"))
   passes = cfg.learner.ppo_epochs * (2 if rt.teacher.update_reads_skill_prompts else 1)  # update rows per sample
-  compiles = {k: int(m.get(f"compiles/{k}", 0)) for k in ("sampler", "rescore", "update")}
-  compiles["in_measured_update"] = sum(compiles[k] - int(warm_m.get(f"compiles/{k}", 0)) for k in compiles)
+  compiles = {k: int(m.get(f"compiles/{k}", 0)) for k in COMPILED}
+  compiles["in_measured_update"] = new_compiles(warm_m, m)
+  compiles["seconds_in_measured_update"] = round(measured_compile_s, 2)  # tracing, lowering, XLA
   return dict(
       bench="update", cpu=common.cpu_model(), load_avg=dict(start=load_start, measured=load_measured, end=common.load_avg()),
-      matmul_peak_gflops=round(peak, 1), matmul_peak_gflops_runs=[round(x, 1) for x in peaks], model=cfg.model.path,
+      matmul_peak_gflops=round(peak["float32"] if "float32" in peak else max(peak.values()), 1),
+      matmul_peak_gflops_by_dtype={d: round(v, 1) for d, v in peak.items()},
+      matmul_peak_gflops_runs={d: [round(x, 1) for x in v] for d, v in peaks.items()}, model=cfg.model.path,
       config=a.config, size=a.size, warm=a.warm, set=list(a.set), tasks_per_update=cfg.rollout.tasks_per_update,
       group_size=cfg.rollout.group_size, step_samples=int(m.get("tokens/update_rows_real", 0)) // passes,
       phases=phases,
@@ -204,7 +243,8 @@ def run_update(a) -> dict[str, Any]:
       compiles=compiles, peak_rss_mb=round(common.peak_rss_mb()),
       old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
       old_logps_from_update=bool(m.get("rescore/old_logps_from_update", 0.0)),
-      build_s=round(build_s, 1), warmup_update_s=round(warmup_s, 1), measured_update_s=round(measured_s, 1),
+      build_s=round(build_s, 1), warmup_updates=warmups, warmup_update_s=round(warmup_s, 1),
+      measured_update_s=round(measured_s, 1),
       rollout_success=m.get("rollout/success"), analysis_parse_rate=m.get("analysis/parse_rate"))
 
 
