@@ -181,8 +181,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.rescore.pack_tokens = 16384
   # Where π_old's log-probs come from. "auto": the sampler's own when they are the same numbers (fp32 sampling and
   # scoring), else as "update"; "update": the update's own forward, stop-gradient, when the update is one
-  # optimizer step (ppo_epochs 1, every step-sample in one mini-batch: π_θ is π_old there) and no teacher metric
-  # reads them, else re-scored; "rescore": always re-score the ordinary context (one more forward).
+  # optimizer step (ppo_epochs 1, every step-sample in one mini-batch: π_θ is π_old there; the teacher metrics,
+  # which read them before the update, get them re-scored on the rows with a skill), else re-scored; "rescore":
+  # always re-score the ordinary context (one more forward).
   c.rescore.old_logps = "auto"
 
   # Device mesh. Either name a preset (--config.mesh.preset=v5p_64, a file in configs/mesh/) or set

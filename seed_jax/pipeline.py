@@ -111,12 +111,12 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
                                       cfg.model.max_prompt_tokens)
   draw = shares.MinibatchDraw(shares.step_keys(good))  # [scale] collective: every process's step-samples
   teacher_metrics = analysis is not None and cfg.analyzer.teacher_metrics and rt.family.has_gold_paths
-  source = old_logps_source(cfg, draw.total, needed=teacher_metrics)
+  source = old_logps_source(cfg, draw.total)
   before = rt.rescorer.tokens.copy()
   check()
-  with timer.phase("rescore"):
+  with timer.phase("rescore"):  # the teacher metrics read π_old before the update, on the rows with a skill only
     old_logp, skill_logp, ref_logp = rescore_samples(rt, state.params, samples, with_skills=analysis is not None,
-                                                     old_source=source)
+                                                     old_source=source, old_on_skill_rows=teacher_metrics)
   tokens["rescore"] = rt.rescorer.tokens - before
   if teacher_metrics:
     with timer.phase("teacher"):  # [scale] collective: the condition is the same on every process
@@ -139,8 +139,8 @@ def learn(rt: Runtime, state: update_lib.TrainState, played: Played, analysis: s
     if cfg.learner.schedule == "warmup_constant":
       lr = update_lib.update_lr(cfg.learner, u, cfg.train.num_updates)
       state, metrics["update/lr"] = update_lib.with_update_lr(state, lr), lr
-    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, draw, adv_N, old_logp,
-                                               ref_logp, skill_logp, key)
+    state, upd, tokens["update"] = _ppo_epochs(rt, state, samples, draw, adv_N,
+                                               None if source == "update" else old_logp, ref_logp, skill_logp, key)
   metrics.update(upd)
   metrics.update(report.update_report(rt, played.everyone, samples, timer.pop(), shares.gather_tokens(tokens)))
   if writer is not None:
@@ -186,23 +186,25 @@ def _analyze(rt: Runtime, params, trajs: Sequence[Trajectory], key) -> skills.An
   return analysis
 
 
-def old_logps_source(cfg: ml_collections.ConfigDict, total_samples: int, needed: bool = False) -> str:
-  """Where π_old's log-probs come from this update (rescore.old_logps): "sampler" (with fp32 sampling and fp32
+def old_logps_source(cfg: ml_collections.ConfigDict, total_samples: int) -> str:
+  """Where the update's π_old log-probs come from (rescore.old_logps): "sampler" (with fp32 sampling and fp32
   scoring at a non-zero temperature they are the numbers a re-score would compute; tests hold them equal within
   1e-5), "update" (the update's own forward, stop-gradient: exact when the update is a single optimizer step of
-  the policy that sampled, as TRL's GRPO does with one iteration; `needed`: something else reads them before
-  the update, the teacher metrics) or "rescore" (a forward of the ordinary context in the re-score)."""
+  the policy that sampled, as TRL's GRPO does with one iteration) or "rescore" (a forward of the ordinary context
+  in the re-score)."""
   mode = cfg.rescore.old_logps
   if (mode == "auto" and cfg.sampler.dtype == "float32" and cfg.rescore.dtype == "float32"
       and cfg.rollout.temperature > 0):
     return "sampler"
   one_step = cfg.learner.ppo_epochs == 1 and total_samples <= cfg.learner.minibatch_size
-  return "update" if mode in ("auto", "update") and one_step and not needed else "rescore"
+  return "update" if mode in ("auto", "update") and one_step else "rescore"
 
 
-def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool, old_source: str = "rescore"):
+def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills: bool, old_source: str = "rescore",
+                    old_on_skill_rows: bool = False):
   """(π_old, skill-context, reference) log-probs per sample. π_old's come from `old_source`
-  (old_logps_source): the sampler's, None ("update": the update takes its own), or re-scored here. The skill
+  (old_logps_source): the sampler's, None ("update": the update takes its own; with `old_on_skill_rows`, for
+  what reads them before it, re-scored on the rows with a skill and None elsewhere), or re-scored here. The skill
   context is re-scored only when the teacher is π_old and this update has skills; otherwise the π_old log-probs
   stand in (the OPD mask is all False, or the update scores H(h, s) with π_θ itself). The reference is None
   without a KL term."""
@@ -212,24 +214,27 @@ def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills
   # Only the rows with a skill are scored under it: elsewhere the OPD mask is False and nothing reads the value.
   skill_ctx = [[p if m else None for p, m in zip(samples.skill_prompts, samples.opd_mask_N)]
                ] if with_skills and rt.teacher.rescore_skill_prompts else []
-  contexts = ([samples.prompts] if old_source == "rescore" else []) + skill_ctx
+  partial_old = old_source == "update" and old_on_skill_rows and with_skills
+  old_ctx = [samples.prompts] if old_source == "rescore" else [[p if m else None for p, m in zip(
+      samples.prompts, samples.opd_mask_N)]] if partial_old else []
+  contexts = old_ctx + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
                          images=samples.images)[0] if contexts else []
-  if old_source == "rescore":
+  if old_ctx:
     old = lp[0]
   elif old_source == "sampler":
     old = [np.asarray(x, np.float32) for x in samples.sampled_logps]
   else:  # "update": the update's own forward, under stop-gradient
     old = None
   if skill_ctx:  # rows without a skill: their ordinary-context log-probs where known (masked out either way)
-    lp[-1] = [x if x is not None else np.zeros(len(r), np.float32) if old is None else old[i]
-              for i, (x, r) in enumerate(zip(lp[-1], samples.responses))]
+    lp[-1] = [x if x is not None else old[i] if old is not None and old[i] is not None else
+              np.zeros(len(r), np.float32) for i, (x, r) in enumerate(zip(lp[-1], samples.responses))]
   ref = None
   if rt.loss_cfg.kl_coef:
     ref_params = mesh_lib.with_memory_kind(rt.init_params, "device")  # [scale] no-op unless kept in host RAM
     ref = rt.rescorer.score(ref_params, [samples.prompts], samples.responses, cfg.rollout.temperature,
                             images=samples.images)[0][0]
-  return old, lp[-1] if skill_ctx else old, ref
+  return old, lp[-1] if skill_ctx else None if partial_old else old, ref
 
 
 def advantage_metrics(adv_N: np.ndarray) -> dict[str, float]:

@@ -126,3 +126,36 @@ def test_pi_old_from_the_update_equals_pi_old_rescored_in_a_one_step_update(setu
     moved = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
                 for a, b in zip(jax.tree.leaves(jax.device_get(rt.init_params)), p_u))
     assert moved > 1e-4  # the step moved the weights: equal steps are not both zero
+
+
+def test_teacher_metrics_read_pi_old_on_the_skill_rows_and_the_update_still_takes_its_own(setup):
+  """With the teacher metrics on, π_old is needed before the update, but only where a row has a skill: in a
+  one-step update (rescore.old_logps="update") it is re-scored on those rows alone and the update takes its own.
+  The metrics and the step equal those of a re-score of every row."""
+  rt, played = setup
+  oracle = pipeline.self_analysis(dataclasses.replace(rt, cfg=paired.source_config(rt.cfg, "oracle")),
+                                  rt.init_params, played, PhaseTimer(progress=False), None)[0]
+  oracle.parses = [p if k % 2 else dataclasses.replace(p, ok=False) for k, p in enumerate(oracle.parses)]  # half
+  samples = collect_samples(played.good, oracle.skills, rt.tokenizer, rt.cfg.model.max_prompt_tokens)
+  n, n_skill = len(samples), int(samples.opd_mask_N.sum())
+  assert 0 < n_skill < n and rt.family.has_gold_paths
+  out = {}
+  for mode in ("rescore", "update"):
+    ac = paired.arm_config(rt.cfg, paired.Arm("w1", "gated", "oracle", 1.0))
+    ac.rescore.old_logps, ac.analyzer.teacher_metrics = mode, True
+    learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params,
+                                                                *runtime.learner_plan(ac)))
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
+    before = learner.rescorer.tokens.copy()
+    state, m = pipeline.learn(learner, state, played, oracle, played.metrics, PhaseTimer(progress=False), None)
+    out[mode] = (jax.tree.leaves(jax.device_get(state.params)), m, learner.rescorer.tokens - before)
+  (p_r, m_r, t_r), (p_u, m_u, t_u) = out["rescore"], out["update"]
+  assert m_u["rescore/old_logps_from_update"] == 1.0 and m_u["update/ratio_max"] == 1.0
+  assert t_r.rows_real - t_u.rows_real == n - n_skill  # π_old on the rows with a skill only
+  teacher = sorted(k for k in m_r if k.startswith("teacher/"))
+  assert teacher and m_r["teacher/rows"] == n_skill
+  for k in teacher:
+    np.testing.assert_allclose(m_u[k], m_r[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  np.testing.assert_allclose(m_u["update/loss"], m_r["update/loss"], rtol=1e-5, atol=1e-7)
+  for a, b in zip(p_r, p_u):
+    np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=0, atol=1e-6)
