@@ -97,6 +97,22 @@ def test_one_update_seed_differs_from_grpo_and_equals_it_at_weight_zero(setup):
   assert max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))) for a, b in zip(grpo, w1)) > 1e-5
 
 
+def _one_step_by_pi_old_source(rt, played, analysis, teacher_metrics=False):
+  """One update of the OPD arm from the initial weights on `played` with these skills, π_old re-scored
+  (rescore.old_logps="rescore") and taken by the update ("update"): each one's (parameters, metrics, the
+  positions the re-score computed)."""
+  out = []
+  for mode in ("rescore", "update"):
+    ac = paired.arm_config(rt.cfg, paired.Arm("w1", "gated", "oracle", 1.0))
+    ac.rescore.old_logps, ac.analyzer.teacher_metrics = mode, teacher_metrics
+    learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params,
+                                                                *runtime.learner_plan(ac)))
+    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
+    before = learner.rescorer.tokens.copy()
+    state, m = pipeline.learn(learner, state, played, analysis, played.metrics, PhaseTimer(progress=False), None)
+    out.append((jax.tree.leaves(jax.device_get(state.params)), m, learner.rescorer.tokens - before))
+  return out
+
 def test_pi_old_from_the_update_equals_pi_old_rescored_in_a_one_step_update(setup):
   """rescore.old_logps="update": with every step-sample in one optimizer step, the update takes π_old's
   log-probs from its own forward (stop-gradient) instead of a re-score of the ordinary context; the step is the
@@ -106,17 +122,7 @@ def test_pi_old_from_the_update_equals_pi_old_rescored_in_a_one_step_update(setu
                                   rt.init_params, played, PhaseTimer(progress=False), None)[0]
   assert any(oracle.skills) and len(shares.step_keys(played.good)) <= rt.cfg.learner.minibatch_size
   for skills_now in (oracle, None):
-    out = {}
-    for mode in ("rescore", "update"):
-      ac = paired.arm_config(rt.cfg, paired.Arm("w1", "gated", "oracle", 1.0))
-      ac.rescore.old_logps = mode
-      learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params,
-                                                                  *runtime.learner_plan(ac)))
-      state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
-      before = learner.rescorer.tokens.copy()
-      state, m = pipeline.learn(learner, state, played, skills_now, played.metrics, PhaseTimer(progress=False), None)
-      out[mode] = (jax.tree.leaves(jax.device_get(state.params)), m, learner.rescorer.tokens - before)
-    (p_r, m_r, t_r), (p_u, m_u, t_u) = out["rescore"], out["update"]
+    (p_r, m_r, t_r), (p_u, m_u, t_u) = _one_step_by_pi_old_source(rt, played, skills_now)
     assert m_u["rescore/old_logps_from_update"] == 1.0 and m_r["rescore/old_logps_from_update"] == 0.0
     assert t_u.response_real < t_r.response_real  # one context fewer re-scored
     np.testing.assert_allclose(m_u["update/loss"], m_r["update/loss"], rtol=1e-5, atol=1e-7)
@@ -139,17 +145,7 @@ def test_teacher_metrics_read_pi_old_on_the_skill_rows_and_the_update_still_take
   samples = collect_samples(played.good, oracle.skills, rt.tokenizer, rt.cfg.model.max_prompt_tokens)
   n, n_skill = len(samples), int(samples.opd_mask_N.sum())
   assert 0 < n_skill < n and rt.family.has_gold_paths
-  out = {}
-  for mode in ("rescore", "update"):
-    ac = paired.arm_config(rt.cfg, paired.Arm("w1", "gated", "oracle", 1.0))
-    ac.rescore.old_logps, ac.analyzer.teacher_metrics = mode, True
-    learner = dataclasses.replace(rt, cfg=ac, **runtime.learner(ac, rt.spec, rt.init_params,
-                                                                *runtime.learner_plan(ac)))
-    state = update_lib.init_state(jax.tree.map(jnp.copy, rt.init_params), learner.optimizer)
-    before = learner.rescorer.tokens.copy()
-    state, m = pipeline.learn(learner, state, played, oracle, played.metrics, PhaseTimer(progress=False), None)
-    out[mode] = (jax.tree.leaves(jax.device_get(state.params)), m, learner.rescorer.tokens - before)
-  (p_r, m_r, t_r), (p_u, m_u, t_u) = out["rescore"], out["update"]
+  (p_r, m_r, t_r), (p_u, m_u, t_u) = _one_step_by_pi_old_source(rt, played, oracle, teacher_metrics=True)
   assert m_u["rescore/old_logps_from_update"] == 1.0 and m_u["update/ratio_max"] == 1.0
   assert t_r.rows_real - t_u.rows_real == n - n_skill  # π_old on the rows with a skill only
   teacher = sorted(k for k in m_r if k.startswith("teacher/"))

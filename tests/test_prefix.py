@@ -69,7 +69,10 @@ def test_a_tail_after_a_reused_head_has_its_whole_prefills_logits_and_keys():
 def test_smollm2_step_prompt_after_a_reused_chat_and_task_head(smollm2):
   """SmolLM2-135M on two chat-templated step prompts of one task: the second prompt's logits after the head it
   shares with the first (chat header, instructions, task) equal its whole prefill's: fp32 within 1e-4 of logits up to
-  ~31 (measured 2.9e-5), bf16 within 0.25 (measured 0.11: bf16 matmuls over other shapes, in another order)."""
+  ~31 (measured 2.9e-5). In bf16 the two differ by rounding (bf16 products over other shapes, in another order,
+  and on CPUs with native bf16 their own rounding; 0.27 apart on a Zen 4): the reused prefill must be as close to
+  the fp32 logits as the whole bf16 prefill is, within 2x (on the Zen 4 0.18 against 0.23), and pick the same
+  top token (the fp32 top two are 1.0 apart)."""
   spec, params, tok = smollm2
   task = ("You are an agent in ScienceWorld. Your task: boil water. For compounds without a boiling point, "
           "combusting the substance is also acceptable. First, focus on the substance. Then, take actions that "
@@ -78,10 +81,13 @@ def test_smollm2_step_prompt_after_a_reused_chat_and_task_head(smollm2):
   b = tok.encode_chat(task + "Your last step: Step 1 action: look around. Step 2 observation: a fridge, a pot, a jar.")
   shared = prefix.common_prefix(np.asarray(a), np.asarray(b))
   assert 64 <= shared <= 128 and len(b) - shared <= 128 and len(b) <= 192
-  for dtype, atol in ((jnp.float32, 1e-4), (jnp.bfloat16, 0.25)):
-    _, want, _ = _prefill(params, spec, b, 256, dtype)
-    _, got, _ = _reused(params, spec, a, b, shared, 256, 128, dtype)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol)
+  got, want = ({dtype: np.asarray(f(dtype)) for dtype in (jnp.float32, jnp.bfloat16)} for f in (
+      lambda dtype: _reused(params, spec, a, b, shared, 256, 128, dtype)[1],
+      lambda dtype: _prefill(params, spec, b, 256, dtype)[1]))
+  np.testing.assert_allclose(got[jnp.float32], want[jnp.float32], atol=1e-4)
+  err = lambda x: float(np.abs(x - want[jnp.float32]).max())
+  assert err(got[jnp.bfloat16]) <= 2 * err(want[jnp.bfloat16])
+  assert np.argmax(got[jnp.bfloat16]) == np.argmax(want[jnp.float32])
 
 
 def _sampler(mb: int, max_batch: int = 8) -> Sampler:
