@@ -13,9 +13,9 @@ as the learner's. TRL's phases: `generation` (its `_generate`), `reference` (the
 after the first (which warms caches up).
 
 `ratio.ceiling_whole_update` bounds what any implementation could show on this work here: TRL's whole update over
-the GRPO arm's FLOP-ideal time (every phase's real tokens at the matmul peak measured in seed_jax's run; decode
-counted by its FLOPs, not its weight reads, and no recomputed forward: a bound from below on the time, so from
-above on the ratio). `ideal_over_actual`: that ideal time over each side's whole update.
+the GRPO arm's FLOP-ideal time (every phase's real tokens at the matmul peak of its dtype, measured in seed_jax's
+run; decode counted by its FLOPs, not its weight reads, and no recomputed forward: a bound from below on the time,
+so from above on the ratio). `ideal_over_actual`: that ideal time over each side's whole update.
 
 `--dtype=bfloat16` compares mixed precision on CPUs with native bf16 (AVX512_BF16 / AMX): seed_jax's
 `sampler.dtype`, `rescore.dtype` and `learner.dtype` at bfloat16 (fp32 master weights and loss), TRL's `bf16=True`
