@@ -212,11 +212,10 @@ def rescore_samples(rt: Runtime, params, samples: batch_lib.Samples, with_skills
   # No row with a skill (every analysis failed): H(h, s) is the ordinary prompt and the OPD mask is all False.
   with_skills = with_skills and distributed.any_process(samples.opd_mask_N.any())  # [scale] the same passes everywhere
   # Only the rows with a skill are scored under it: elsewhere the OPD mask is False and nothing reads the value.
-  skill_ctx = [[p if m else None for p, m in zip(samples.skill_prompts, samples.opd_mask_N)]
-               ] if with_skills and rt.teacher.rescore_skill_prompts else []
+  skill_rows = lambda prompts: [p if m else None for p, m in zip(prompts, samples.opd_mask_N)]  # None: left out
+  skill_ctx = [skill_rows(samples.skill_prompts)] if with_skills and rt.teacher.rescore_skill_prompts else []
   partial_old = old_source == "update" and old_on_skill_rows and with_skills
-  old_ctx = [samples.prompts] if old_source == "rescore" else [[p if m else None for p, m in zip(
-      samples.prompts, samples.opd_mask_N)]] if partial_old else []
+  old_ctx = [samples.prompts] if old_source == "rescore" else [skill_rows(samples.prompts)] if partial_old else []
   contexts = old_ctx + skill_ctx
   lp = rt.rescorer.score(params, contexts, samples.responses, cfg.rollout.temperature,
                          images=samples.images)[0] if contexts else []
