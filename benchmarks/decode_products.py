@@ -1,10 +1,11 @@
 """A decode step's weight products alone, at 1 to 16 rows: what XLA:CPU's dot kernels make of the weight reads
 that bound a decode step. SmolLM2-135M's shapes (30 layers of the fused q/k/v, o, fused gate/up and down
 products, then the tied vocabulary projection; random fp32 weights) chained in one jitted program, over
-per-layer weights as the decode loop holds them (`transformer.decode_params`) and over stacked weights in a
-`lax.scan` (each step slices its layer), and per-layer weights stored transposed ([out, in]: the products contract
-the weights' minor dimension, as the tied vocabulary projection does). Against two read rates measured in the same process: a plain sum over
-the same weights, and `common.stream_bandwidth_gbs` (a matrix-vector product, the decode floor's bandwidth).
+per-layer weights as the decode loop holds them (`transformer.decode_params`), over stacked weights in a
+`lax.scan` (each step slices its layer) and over per-layer weights stored transposed ([out, in]: the products
+contract the weights' minor dimension, as the tied vocabulary projection does). Against two read rates measured
+in the same process: a plain sum over the same weights, and `common.stream_bandwidth_gbs` (a matrix-vector
+product, the decode floor's bandwidth).
 
 Prints one JSON line: per row count the step's ms and the GB/s at which it read the weights.
 Usage: python -m benchmarks.decode_products

@@ -175,9 +175,9 @@ def main() -> None:
                                           avg_prompt=o["phases"]["rollout"]["avg_prompt"],
                                           avg_response=o["phases"]["rollout"]["avg_response"],
                                           peak_rss_mb=o["peak_rss_mb"], ideal_s=o["ideal_s"],
-                                          matmul_peak_gflops=o.get("matmul_peak_gflops_by_dtype", o["matmul_peak_gflops"]), decode=o.get("decode"),
-                                          warmup_updates=o.get("warmup_updates"), compiles=o.get("compiles"),
-                                          analysis_parse_rate=o.get("analysis_parse_rate"))
+                                          matmul_peak_gflops=o["matmul_peak_gflops_by_dtype"], decode=o.get("decode"),
+                                          warmup_updates=o["warmup_updates"], compiles=o["compiles"],
+                                          analysis_parse_rate=o["analysis_parse_rate"])
                        for arm, o in ours.items()},
              ratio={"whole_update": round(t["update"] / s["update"], 3),
                     "whole_update_without_env": round(t["update"] / (s["update"] - s["env"]), 3),
