@@ -154,13 +154,18 @@ def test_crash_during_save_is_never_restored(tmp_path):
   ck.save(1, _state(1), {"s": 1})
   ck.close()
   script = textwrap.dedent(f"""
-      import os, jax.numpy as jnp
+      import os, time, jax.numpy as jnp
       from configs import base
       from seed_jax.infra import checkpoint
       cfg = base.get_base().train.checkpoint  # save_interval_steps 1
       ck = checkpoint.Checkpointer({str(tmp_path)!r}, cfg)
       ck.save(2, {{"big": jnp.ones((4096, 4096), jnp.float32)}}, {{"s": 2}})
-      os._exit(0)  # dies while the background write is in progress
+      # The step's temporary folder can appear after save() returns (the write is in the background): die as
+      # soon as it exists, while the write is in progress, rather than racing it.
+      deadline = time.monotonic() + 60
+      while not any(d.startswith("2") for d in os.listdir({str(tmp_path)!r})) and time.monotonic() < deadline:
+        time.sleep(0.001)
+      os._exit(0)
   """)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120, cwd=str(REPO))
