@@ -32,6 +32,7 @@ kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real
   python -m benchmarks.update --compare=refill     # rows that refill (the default) vs turn-by-turn rollout calls
   python -m benchmarks.update --compare=bf16       # fp32 (the default) vs bf16 matmuls in every phase
   python -m benchmarks.update --compare=prefix     # shared-prefix prefill (the default) vs every prompt whole
+  python -m benchmarks.update --compare=share_prefix  # packed prefix trees (the default) vs every sequence whole
 
 --compare runs each setting in its own child, the default one first; the JSON line holds both children's lines
 and the ratios (second over first) of each phase's wall time and forwarded tokens. For old_logps the update
@@ -253,6 +254,8 @@ COMPARE = {  # name -> (first child's settings, second child's settings)
     "packing": ([], ["learner.pack_length=0", "rescore.pack_length=0"]),
     "refill": ([], ["sampler.refill=False"]),  # rows that refill (the default) vs turn by turn
     "prefix": ([], ["sampler.prefix_reuse_mb=0"]),  # shared-prefix prefill (the default) vs every prompt whole
+    # packed rows as prefix trees (the default) vs every sequence whole, in the re-score and the update
+    "share_prefix": ([], ["rescore.share_prefix=false", "learner.share_prefix=false"]),
     # fp32 (the default) vs bf16 matmuls in every phase (fp32 master weights, norms, softmax and loss)
     "bf16": ([], ["sampler.dtype=bfloat16", "rescore.dtype=bfloat16", "learner.dtype=bfloat16"]),
 }

@@ -153,6 +153,9 @@ def get_base() -> ml_collections.ConfigDict:
   # row each; a micro-batch then holds at most micro_batch_size x (padded prompt + response) positions, the
   # padded one's memory. Serves teacher "old"; "current" keeps the padded layout. 0: padded rows.
   u.pack_length = 1536
+  # Packed rows store a head that step-samples share (chat header, instructions, task, common history) once, as
+  # a prefix tree (seed_jax/packing.py): the same log-probs and gradient, fewer positions. Text only.
+  u.share_prefix = True
 
   c.sampler = ml_collections.ConfigDict()
   c.sampler.dtype = "float32"  # "bfloat16": bf16 weights and KV cache in generation (fp32 logits/softmax)
@@ -179,6 +182,7 @@ def get_base() -> ml_collections.ConfigDict:
   # pack_tokens positions per forward pass; 0: one padded row per sequence, max_rows per pass.
   c.rescore.pack_length = 1536
   c.rescore.pack_tokens = 16384
+  c.rescore.share_prefix = True  # as learner.share_prefix, for the re-score's packed rows
   # Where π_old's log-probs come from. "auto": the sampler's own when they are the same numbers (fp32 sampling and
   # scoring), else as "update"; "update": the update's own forward, stop-gradient, when the update is one
   # optimizer step (ppo_epochs 1, every step-sample in one mini-batch: π_θ is π_old there; the teacher metrics,

@@ -182,10 +182,12 @@ def minibatch_tokens(samples: Samples, idx: Sequence[int], rows: int, Pn: int, R
 
 def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, mesh, micro_batch_size: int,
                 pack_length: int, max_response_len: int, with_skill_prompts: bool, pad_id: int, adv_N: np.ndarray,
+                share_prefix: bool = False,
                 old_logp: Sequence[np.ndarray], ref_logp: Sequence[np.ndarray] | None,
                 skill_logp: Sequence[np.ndarray] | None, vs=None) -> Iterator[tuple[tuple, MiniBatch, TokenCount]]:
   """The update's mini-batches, ready for the step: each of `draws` (this process's members of a mini-batch
-  of `per` samples over every process) packed into rows of about `pack_length` (> 0) or padded to the
+  of `per` samples over every process) packed into rows of about `pack_length` (> 0; text rows that share a
+  head as prefix trees with `share_prefix`, packing.prefix_order) or padded to the
   update's one bucketed shape, shapes agreed over processes, each process's members laid out as its share of
   every micro-batch (distributed.grouped_global_batch). Yields (shape key, mini-batch, token positions it
   costs: padded rows x (Pn + R) per context, both with `with_skill_prompts`; packed, the packed rows).
@@ -198,9 +200,10 @@ def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, m
   cols = dict(adv_N=adv_N, old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp)
   for idx in draws:
     if pack_length > 0:
-      agreed = packing.agreed_layout([len(samples.prompts[i]) + len(samples.responses[i]) for i in idx],
-                                     length=pack_length, group_tokens=micro_batch_size * (Pn + R), resp_len=R_pack,
-                                     mesh=mesh)
+      seqs = [list(samples.prompts[i]) + list(samples.responses[i]) for i in idx]
+      agreed = packing.agreed_layout([len(x) for x in seqs], length=pack_length,
+                                     group_tokens=micro_batch_size * (Pn + R), resp_len=R_pack, mesh=mesh,
+                                     seqs=seqs if share_prefix and samples.images is None and vs is None else None)
       lay = agreed.layout
       mb, tokens = packed_minibatch(samples, idx, lay, agreed.resp_len, first_row=agreed.first_row, vs=vs, mesh=mesh,
                                     **cols)

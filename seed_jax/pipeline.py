@@ -262,6 +262,7 @@ def _ppo_epochs(rt: Runtime, state, samples, draw: shares.MinibatchDraw, adv_N, 
       samples, draw.minibatches(rng, per, cfg.learner.ppo_epochs), per, mesh=rt.mesh,
       micro_batch_size=cfg.learner.micro_batch_size, pack_length=rt.teacher.update_pack_length,
       max_response_len=cfg.rollout.max_new_tokens, with_skill_prompts=rt.teacher.update_reads_skill_prompts,
+      share_prefix=cfg.learner.share_prefix,
       pad_id=rt.tokenizer.pad_id, adv_N=adv_N, old_logp=old_logp, ref_logp=ref_logp, skill_logp=skill_logp,
       vs=rt.spec.vision)
   sums_all: dict[str, float] = {}

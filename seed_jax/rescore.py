@@ -64,6 +64,7 @@ class RescorerConfig:
   dtype: str
   pack_length: int = 0  # > 0: sequences packed into rows of this length (0: one padded row each)
   pack_tokens: int = 16384  # packed: at most this many positions per forward pass
+  share_prefix: bool = False  # packed text: sequences that share a head store it once (packing.prefix_order)
 
 
 class Rescorer:
@@ -129,8 +130,10 @@ class Rescorer:
     R = bucket(max(1, max(map(len, resps), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
     # Every process's passes take the same shapes; only the passes that hold a sequence somewhere run.
+    share = self.cfg.share_prefix and all(f is None for f in frames)
     agreed = packing.agreed_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
-                                   group_tokens=self.cfg.pack_tokens, resp_len=R, mesh=self.mesh)
+                                   group_tokens=self.cfg.pack_tokens, resp_len=R, mesh=self.mesh,
+                                   seqs=[list(p) + list(r) for p, r in zip(prompts, resps)] if share else None)
     layout, R, live = agreed.layout, agreed.resp_len, agreed.live
     W, S, L = layout.rows_per_group, layout.slots_per_group, layout.length
     rows, resp, rmask, slot_of = packing.fill_rows(layout, prompts, resps, R, agreed.first_row)
@@ -150,9 +153,10 @@ class Rescorer:
         lp_out.append(np.zeros((S, R), np.float32))
         en_out.append(np.zeros((S, R), np.float32))
         continue
-      part = lambda x, n: x[g * n:(g + 1) * n]
+      part = lambda x, n: None if x is None else x[g * n:(g + 1) * n]
       args = (PackedRows(part(rows.tokens_WL, W), part(rows.positions_WL, W), part(rows.segment_WL, W),
-                         part(rows.row_S, S), part(rows.col_SR, S)), part(resp, S), part(rmask, S))
+                         part(rows.row_S, S), part(rows.col_SR, S), part(rows.segment_end_WL, W)), part(resp, S),
+              part(rmask, S))
       image_batch = images_lib.call_images(W, L, segs[g], self.spec.vision, self.mesh, patches) if patches else None
       if self.mesh is not None:
         args = distributed.global_batch(args, self.mesh)

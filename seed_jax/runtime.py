@@ -166,7 +166,8 @@ def build(cfg: ml_collections.ConfigDict) -> Runtime:
   rescorer = Rescorer(spec, parts["tokenizer"].pad_id, RescorerConfig(
       max_rows=auto_rows(cfg, spec, mesh, "rescore.max_rows"), max_prompt_len=cfg.model.max_prompt_tokens,
       max_response_len=cfg.rollout.max_new_tokens, vocab_chunk=cfg.rescore.vocab_chunk, dtype=cfg.rescore.dtype,
-      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens), mesh)
+      pack_length=cfg.rescore.pack_length, pack_tokens=cfg.rescore.pack_tokens,
+      share_prefix=cfg.rescore.share_prefix), mesh)
   return Runtime(**parts, pool=_pool(cfg, parts["family"]), rescorer=rescorer,
                  **learner(cfg, spec, parts["init_params"], loss_cfg, teacher))
 

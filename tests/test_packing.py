@@ -93,6 +93,64 @@ def test_fill_rows_segments_positions_and_slots():
   np.testing.assert_array_equal(resp[2, :3], [4, 4, 4])
 
 
+def test_prefix_tree_rows_store_each_shared_head_once():
+  """Sorted by their tokens, each sequence stores only what it does not share with the one before it; a slot
+  is seen by the segments from its own to its end (the sequences whose paths hold it); each response is
+  read from its own path."""
+  prompts, resps = [[5, 6, 8], [9], [5, 6, 7], [5, 6, 7]], [[4], [2], [1, 3], [1, 2]]
+  seqs = [p + r for p, r in zip(prompts, resps)]
+  order = packing.prefix_order(seqs)
+  assert order == packing.PrefixOrder(order=(3, 2, 0, 1), shared=(0, 4, 2, 0))
+  lay = packing.plan_layout(list(map(len, seqs)), length=128, group_tokens=128, prefix=order)
+  assert lay.groups == (((3, 2, 0, 1),),) and lay.shared == (2, 0, 4, 0)
+  rows, resp, rmask, slot_of = packing.fill_rows(lay, prompts, resps, 2)
+  np.testing.assert_array_equal(rows.tokens_WL[0, :10], [5, 6, 7, 1, 2, 3, 8, 4, 9, 2])
+  np.testing.assert_array_equal(rows.positions_WL[0, :10], [0, 1, 2, 3, 4, 4, 2, 3, 0, 1])
+  np.testing.assert_array_equal(rows.segment_WL[0, :11], [1, 1, 1, 1, 1, 2, 3, 3, 4, 4, 0])
+  np.testing.assert_array_equal(rows.segment_end_WL[0, :10], [3, 3, 2, 2, 1, 2, 3, 3, 4, 4])
+  np.testing.assert_array_equal(slot_of, [2, 3, 1, 0])
+  np.testing.assert_array_equal(rows.col_SR[:4], [[2, 3], [2, 3], [6, 0], [8, 0]])
+  np.testing.assert_array_equal(resp[:4], [[1, 2], [1, 3], [4, 0], [2, 0]])
+  assert packing.plan_layout(list(map(len, seqs)), length=128, group_tokens=128).shared is None
+  # what attention sees from each segment (attention.visible): exactly its own sequence's tokens
+  from seed_jax.models.attention import visible
+  seg, end = rows.segment_WL[0, :10], rows.segment_end_WL[0, :10]
+  for k, n in enumerate((3, 2, 0, 1), 1):
+    seen = [t for t in range(10) if visible(k, seg[t], end[t])]
+    np.testing.assert_array_equal(rows.tokens_WL[0, seen], seqs[n])
+
+
+def _shared_heads(n, seed):
+  """Prompts that share heads as a rollout's do: two heads, half of them with a common middle part, two
+  duplicated samples and one whose response is a prefix of another's."""
+  rng = np.random.default_rng(seed)
+  heads = [list(rng.integers(1, 64, k)) for k in (40, 70)]
+  middle = list(rng.integers(1, 64, 25))
+  prompts = [heads[i % 2] + (middle if i % 4 < 2 else []) + list(rng.integers(1, 64, int(rng.integers(1, 30))))
+             for i in range(n - 2)]
+  resps = [list(rng.integers(1, 64, int(rng.integers(2, 12)))) for _ in range(n - 2)]
+  return prompts + [prompts[0], prompts[1]], resps + [resps[0], resps[1][:1]]
+
+
+def test_prefix_trees_score_as_whole_sequences():
+  """Re-scoring packed prefix trees (rescore.share_prefix) gives every response token the log-prob and
+  entropy of its sequence packed whole (1e-5), over several passes and rows of several attention tiles, and
+  forwards fewer positions."""
+  prompts, resps = _shared_heads(14, 0)
+  ctx_b = [p[::-1] for p in prompts]
+  cfg = dict(max_rows=8, vocab_chunk=8, dtype="float32", pack_length=256, pack_tokens=512)
+  whole, tree = Rescorer(SPEC, 0, RescorerConfig(**cfg)), Rescorer(SPEC, 0, RescorerConfig(**cfg, share_prefix=True))
+  la, ea = whole.score(PARAMS, [prompts, ctx_b], resps, 0.7, with_entropy=True)
+  lb, eb = tree.score(PARAMS, [prompts, ctx_b], resps, 0.7, with_entropy=True)
+  for c in range(2):
+    for x, y, u, v, r in zip(la[c], lb[c], ea[c], eb[c], resps):
+      assert y.shape == (len(r),)
+      np.testing.assert_allclose(y, x, atol=1e-5)
+      np.testing.assert_allclose(v, u, atol=1e-5)
+  assert tree.tokens.prompt_forwarded < 0.85 * whole.tokens.prompt_forwarded
+  assert tree.tokens.real == whole.tokens.real
+
+
 def test_packed_rescore_equals_padded():
   """Two contexts, ragged prompts and responses, several passes: every response token's log-prob and
   entropy within 1e-5 of the padded layout's."""
@@ -154,12 +212,18 @@ def _samples(n=10, seed=0):
   return s, adv, col(), col(), col()
 
 
-@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-sum"])
-def test_packed_update_equals_padded(agg_mode):
+@pytest.mark.parametrize("agg_mode,share", [("token-mean", False), ("seq-mean-token-sum", False),
+                                            ("token-mean", True)])
+def test_packed_update_equals_padded(agg_mode, share):
   """One SGD(1) step over 10 ragged step-samples: the padded layout (micro-batches of 4 rows) and the packed
-  one (several micro-batches of packed rows) give the same loss metrics and the same new parameters (the
-  gradient) within fp32 tolerance."""
+  one (several micro-batches of packed rows; with `share`, step-samples that share heads packed as prefix
+  trees) give the same loss metrics and the same new parameters (the gradient) within fp32 tolerance."""
   s, adv, old, ref, skill = _samples()
+  if share:
+    prompts, s.responses = _shared_heads(len(s), 3)
+    s.prompts = [p[:100] for p in prompts]  # rows of 128
+    s.skill_prompts = s.prompts
+    old, ref, skill = ([np.resize(x, len(r)) for x, r in zip(col, s.responses)] for col in (old, ref, skill))
   cfg = dataclasses.replace(losses.SeedLossConfig.from_config(base.get_base().objectives), agg_mode=agg_mode)
   opt = optax.sgd(1.0)
   fn = update_lib.make_update_fn(SPEC, cfg, opt, micro_batch_size=4, chunk=4, remat=True,
@@ -168,11 +232,14 @@ def test_packed_update_equals_padded(agg_mode):
   Pn, R = batch_lib.shapes_for(s)
   padded = batch_lib.minibatch(s, idx, 12, Pn, R, 0, adv_N=adv, old_logp=old, ref_logp=ref, skill_logp=skill,
                                with_skill_prompts=False)
-  lay = packing.plan_layout([len(s.prompts[i]) + len(s.responses[i]) for i in idx], length=128, group_tokens=256)
-  assert len(lay.groups) >= 2
+  seqs = [s.prompts[i] + s.responses[i] for i in idx]
+  lay = packing.plan_layout(list(map(len, seqs)), length=128, group_tokens=256,
+                            prefix=packing.prefix_order(seqs) if share else None)
+  assert len(lay.groups) >= 2 and (lay.shared is not None) == share
   packed, tokens = batch_lib.packed_minibatch(s, idx, lay, 16, adv_N=adv, old_logp=old, ref_logp=ref,
                                               skill_logp=skill)
   assert tokens.real == sum(len(p) + len(r) for p, r in zip(s.prompts, s.responses))
+  assert (packed.packed.segment_end_WL is not None) == share
   run = lambda mb: fn(update_lib.init_state(jax.tree.map(jnp.copy, PARAMS), opt), jax.tree.map(jnp.asarray, mb),
                       jnp.float32(0.9))
   (sa, ma), (sb, mb) = run(padded), run(packed)

@@ -9,7 +9,9 @@ matrix-vector pass over the cache (`one_query_attention`), a few tokens attend t
 The blockwise path: queries and keys go in blocks of `block` slots. For each query block an online softmax
 (running max `m`, running sum `l`) walks the key blocks up to its own, so no more than one [block, block] tile
 of scores per head is alive and the masked upper triangle is never computed. Token t attends to slots s <= t
-of its own segment; segment 0 is padding (left padding, packing gaps) and its rows come out as 0.
+of its own segment; segment 0 is padding (left padding, packing gaps) and its rows come out as 0. Packed rows
+of prefix trees (packing: sequences that share a head store it once) pass `segment_BT` as a pair (ids, ends):
+slot s is then seen by the queries of every segment from its own id to its end (`visible`).
 
 Inside, q, k and v are head-major tiles [n, B, K, (G,) block, h], so each tile is a batched matrix product
 over (B, K) with no relayout in the loops. The backward pass is written by hand (jax.custom_vjp): it keeps
@@ -61,8 +63,10 @@ def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache
   k_BKhT = to_storage(k_BTKh.transpose(0, 2, 3, 1), dtype)
   v_BKTh = to_storage(v_BTKh.transpose(0, 2, 1, 3), dtype)
   if cache is None and mask_BTS is None:
+    # splash takes segment ids, not trees: a tree goes the blockwise way
+    impl = "xla_blockwise" if spec.attention == "splash" and isinstance(segment_BT, tuple) else spec.attention
     kernel = {"splash": splash_causal_attention, "cudnn": fused_causal_attention}.get(
-        spec.attention, functools.partial(blockwise_causal_attention, dtype=dtype,
+        impl, functools.partial(blockwise_causal_attention, dtype=dtype,
                                           rows_per_step=spec.attention_rows_per_step))
     return kernel(q_BTKGh, k_BTKh, v_BTKh, segment_BT, block=spec.attention_block), LayerCache(k_BKhT, v_BKTh)
   if cache is None:
@@ -72,6 +76,20 @@ def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache
     return tiled_cache_attention(q_BTKGh, kv.k, kv.v, segment_BT, cache.segment_BS, cache.end, spec.attention_block,
                                  dtype), kv
   return cache_attention(q_BTKGh, kv.k, kv.v, mask_BTS, dtype), kv
+
+
+def split_tree(segment_BT):
+  """(ids [B, T], ends [B, T] or None): a packed row of prefix trees passes both (packing.fill_rows), any other
+  call the ids alone."""
+  return tuple(segment_BT) if isinstance(segment_BT, tuple) else (segment_BT, None)
+
+
+def visible(seg_q, seg_k, end_k):
+  """Which keys a query may see (broadcast; causality apart): a key of its own segment or, in a prefix tree,
+  a key whose segments [seg_k, end_k] hold the query's (its sequence shares that token); never padding."""
+  if end_k is None:
+    return (seg_q == seg_k) & (seg_k > 0)
+  return (seg_k <= seg_q) & (seg_q <= end_k) & (seg_k > 0)
 
 
 def write_slots(cache_B, new_B, end, axis: int):
@@ -150,11 +168,11 @@ def tiled_cache_attention(q_BTKGh, k_BKhS, v_BKSh, seg_q_BT, seg_BS, end, tile: 
   return jnp.einsum("bkgth->btkgh", out_BKGTh)
 
 
-def _tile_mask(seg_nBb, i, j, block):
-  """[B, block, block]: query slot >= key slot, same segment, key not padding (query block i, key block j)."""
-  q_seg, k_seg = seg_nBb[i], seg_nBb[j]
+def _tile_mask(seg_nBb, end_nBb, i, j, block):
+  """[B, block, block]: query slot >= key slot, key `visible` (query block i, key block j)."""
+  k_end = None if end_nBb is None else end_nBb[j][:, None, :]
   causal = (i * block + jnp.arange(block))[:, None] >= (j * block + jnp.arange(block))[None, :]
-  return causal[None] & (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0)
+  return causal[None] & visible(seg_nBb[i][:, :, None], seg_nBb[j][:, None, :], k_end)
 
 
 def _pad_to_tiles(block, *xs_BT):
@@ -177,12 +195,18 @@ def _from_head_major_tiles(x_n):
   return jnp.transpose(x_n, (1, 0, 4, 2, 3, 5)).reshape(B, n * block, K, G, h)
 
 
-def block_ranges(seg_BT, block):
+def block_ranges(seg_BT, block, end_BT=None):
   """(lo_n, hi_n): per query block the first key block any of its queries may attend to, per key block the last
   query block that may attend to it, over the whole batch. A packed row's segments then cost only their own
-  tiles, not the lower triangle of the row; a segment id may recur anywhere in its row (first/last slot per id)."""
+  tiles, not the lower triangle of the row; a segment id may recur anywhere in its row (first/last slot per id).
+  With trees (end_BT) from `tiles_meet`."""
   B, T = seg_BT.shape
   n, rows = T // block, jnp.arange(B)[:, None]
+  if end_BT is not None:
+    meet_nn = tiles_meet(seg_BT, end_BT, block)
+    lo_n = jnp.where(meet_nn.any(1), jnp.argmax(meet_nn, 1), n)
+    hi_n = jnp.where(meet_nn.any(0), n - 1 - jnp.argmax(meet_nn[::-1], 0), -1)
+    return lo_n, hi_n
   slot_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   seg_BT = jnp.clip(seg_BT, 0, T)
   first_BT = jnp.take_along_axis(jnp.full((B, T + 1), T, jnp.int32).at[rows, seg_BT].min(slot_BT), seg_BT, 1)
@@ -193,9 +217,28 @@ def block_ranges(seg_BT, block):
   return lo_n, hi_n
 
 
-def _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype):
+def tiles_meet(seg_BT, end_BT, block):
+  """[query block, key block] bool over the whole batch, for prefix trees: key block j may hold a key that
+  query block i sees (causal, and j's ids [min id, max end] overlap i's [min id, max id]). A branch's tiles
+  then skip its siblings' tiles between it and the shared head."""
+  B, T = seg_BT.shape
+  n = T // block
+  real_Bnb = (seg_BT > 0).reshape(B, n, block)
+  lo_Bn = jnp.where(real_Bnb, seg_BT.reshape(B, n, block), T + 1).min(-1)
+  q_hi_Bn = jnp.where(real_Bnb, seg_BT.reshape(B, n, block), -1).max(-1)
+  k_hi_Bn = jnp.where(real_Bnb, end_BT.reshape(B, n, block), -1).max(-1)
+  meet_nn = ((lo_Bn[:, None, :] <= q_hi_Bn[:, :, None]) & (lo_Bn[:, :, None] <= k_hi_Bn[:, None, :])).any(0)
+  return meet_nn & (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :])
+
+
+def _if_meet(meet_nn, i, j, tile, carry):
+  """tile(carry) where tiles (i, j) meet (always without trees: meet_nn None), else carry unchanged."""
+  return tile(carry) if meet_nn is None else jax.lax.cond(meet_nn[i, j], tile, lambda c: c, carry)
+
+
+def _scores(q_nBKGbh, k_nBKbh, seg_nBb, end_nBb, i, j, block, dtype):
   """(masked scores [B, K, G, bq, bk] of tile (i, j), its mask [B, bq, bk]); q is already scaled."""
-  mask = _tile_mask(seg_nBb, i, j, block)
+  mask = _tile_mask(seg_nBb, end_nBb, i, j, block)
   s = batched_dot("bkgqh,bksh->bkgqs", q_nBKGbh[i], k_nBKbh[j], dtype)
   return jnp.where(mask[:, None, None], s, _NEG), mask
 
@@ -222,17 +265,25 @@ def softmax_finish(carry):
   return acc / safe[..., None], jnp.where(l > 0, m + jnp.log(safe), _NEG)
 
 
-def _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
+def _by_block(x_BT, n, block):
+  """[B, T] -> [n, B, block] (None stays None)."""
+  return None if x_BT is None else jnp.moveaxis(x_BT.reshape(x_BT.shape[0], n, block), 1, 0)
+
+
+def _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype):
   """(output [n, B, K, G, block, h] fp32, log-sum-exp [n, B, K, G, block] fp32) of head-major tiles; q is
   already scaled."""
   n, B, K, G, _, h = q_nBKGbh.shape
-  seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
-  lo_n, _ = block_ranges(seg_BT, block)
+  seg_nBb, end_nBb = _by_block(seg_BT, n, block), _by_block(end_BT, n, block)
+  lo_n, _ = block_ranges(seg_BT, block, end_BT)
+  meet_nn = None if end_BT is None else tiles_meet(seg_BT, end_BT, block)
 
   def query_block(i):
     def key_block(j, carry):
-      s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype)
-      return softmax_tile(carry, s, mask, v_nBKbh[j], "bkgqs,bksh->bkgqh", dtype)
+      def tile(carry):
+        s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, end_nBb, i, j, block, dtype)
+        return softmax_tile(carry, s, mask, v_nBKbh[j], "bkgqs,bksh->bkgqh", dtype)
+      return _if_meet(meet_nn, i, j, tile, carry)
 
     # causal: key blocks past the diagonal are skipped; so are those before the block's earliest segment
     return softmax_finish(jax.lax.fori_loop(lo_n[i], i + 1, key_block, softmax_start(B, K, G, block, h)))
@@ -240,37 +291,40 @@ def _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
   return jax.lax.map(query_block, jnp.arange(n))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _attention(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
-  return _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype):
+  return _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype)[0]
 
 
-def _attention_fwd(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype):
-  out_nBKGbh, lse_nBKGb = _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, block, dtype)
+def _attention_fwd(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype):
+  out_nBKGbh, lse_nBKGb = _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype)
   # named so that a rematerialized layer saves them (SAVED_UNDER_REMAT) instead of re-running the tile walk
   out_nBKGbh, lse_nBKGb = checkpoint_name(out_nBKGbh, "attention_out"), checkpoint_name(lse_nBKGb, "attention_lse")
-  return out_nBKGbh, (q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, out_nBKGbh, lse_nBKGb)
+  return out_nBKGbh, (q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, out_nBKGbh, lse_nBKGb)
 
 
 def _attention_bwd(block, dtype, res, dout_nBKGbh):
   """One walk over the lower triangle, by key block: each tile's probabilities and d(scores) are recomputed
   once and feed dk, dv (carried per key block) and dq (accumulated in place at its query block)."""
-  q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, out_nBKGbh, lse_nBKGb = res
+  q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, out_nBKGbh, lse_nBKGb = res
   n, B = q_nBKGbh.shape[:2]
-  seg_nBb = jnp.moveaxis(seg_BT.reshape(B, n, block), 1, 0)
-  _, hi_n = block_ranges(seg_BT, block)
+  seg_nBb, end_nBb = _by_block(seg_BT, n, block), _by_block(end_BT, n, block)
+  _, hi_n = block_ranges(seg_BT, block, end_BT)
+  meet_nn = None if end_BT is None else tiles_meet(seg_BT, end_BT, block)
   dout_nBKGbh = dout_nBKGbh.astype(jnp.float32)
   delta_nBKGb = jnp.sum(dout_nBKGbh * out_nBKGbh, axis=-1)  # [n, B, K, G, block]
 
   def key_block(dq_nBKGbh, j):
     def step(i, carry):
-      dq_nBKGbh, dk_BKbh, dv_BKbh = carry
-      s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, i, j, block, dtype)
-      p = jnp.where(mask[:, None, None], jnp.exp(s - lse_nBKGb[i][..., None]), 0.0)
-      ds = p * (batched_dot("bkgqh,bksh->bkgqs", dout_nBKGbh[i], v_nBKbh[j], dtype) - delta_nBKGb[i][..., None])
-      dv_BKbh = dv_BKbh + batched_dot("bkgqs,bkgqh->bksh", p, dout_nBKGbh[i], dtype)
-      dk_BKbh = dk_BKbh + batched_dot("bkgqs,bkgqh->bksh", ds, q_nBKGbh[i], dtype)
-      return dq_nBKGbh.at[i].add(batched_dot("bkgqs,bksh->bkgqh", ds, k_nBKbh[j], dtype)), dk_BKbh, dv_BKbh
+      def tile(carry):
+        dq_nBKGbh, dk_BKbh, dv_BKbh = carry
+        s, mask = _scores(q_nBKGbh, k_nBKbh, seg_nBb, end_nBb, i, j, block, dtype)
+        p = jnp.where(mask[:, None, None], jnp.exp(s - lse_nBKGb[i][..., None]), 0.0)
+        ds = p * (batched_dot("bkgqh,bksh->bkgqs", dout_nBKGbh[i], v_nBKbh[j], dtype) - delta_nBKGb[i][..., None])
+        dv_BKbh = dv_BKbh + batched_dot("bkgqs,bkgqh->bksh", p, dout_nBKGbh[i], dtype)
+        dk_BKbh = dk_BKbh + batched_dot("bkgqs,bkgqh->bksh", ds, q_nBKGbh[i], dtype)
+        return dq_nBKGbh.at[i].add(batched_dot("bkgqs,bksh->bkgqh", ds, k_nBKbh[j], dtype)), dk_BKbh, dv_BKbh
+      return _if_meet(meet_nn, i, j, tile, carry)
 
     zeros = jnp.zeros(k_nBKbh.shape[1:], jnp.float32)
     # causal: only query blocks at or after j, and none after the last one whose segments reach into j
@@ -278,7 +332,8 @@ def _attention_bwd(block, dtype, res, dout_nBKGbh):
     return dq_nBKGbh, (dk_BKbh, dv_BKbh)
 
   dq_nBKGbh, (dk_nBKbh, dv_nBKbh) = jax.lax.scan(key_block, jnp.zeros(q_nBKGbh.shape, jnp.float32), jnp.arange(n))
-  return dq_nBKGbh.astype(q_nBKGbh.dtype), dk_nBKbh.astype(k_nBKbh.dtype), dv_nBKbh.astype(v_nBKbh.dtype), None
+  return (dq_nBKGbh.astype(q_nBKGbh.dtype), dk_nBKbh.astype(k_nBKbh.dtype), dv_nBKbh.astype(v_nBKbh.dtype), None,
+          None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -298,28 +353,34 @@ def _batch_shards(B: int) -> int:
 def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 512, dtype=jnp.float32,
                                rows_per_step: int = 0):
   """Grouped-query causal attention among one call's tokens: q [B, T, K, G, h] (K kv heads, G queries each),
-  k/v [B, T, K, h], segment ids [B, T] (0 = padding). Returns [B, T, K, G, h] fp32; padding rows are 0.
-  T need not be a multiple of `block`: the tail is padded with segment 0.
+  k/v [B, T, K, h], segment ids [B, T] (0 = padding) or a tree's (ids, ends). Returns [B, T, K, G, h] fp32;
+  padding rows are 0. T need not be a multiple of `block`: the tail is padded with segment 0.
 
   rows_per_step > 0: that many rows of each batch shard at a time (`lax.map` over each shard's rows, so the loop
   never crosses the data sharding). The rows then walk only their own segments' tiles (the ranges are the
   step's rows', not the batch's), and a tile's scores stay in the core's cache: on XLA:CPU, where the tiles'
   small batched products and softmax passes bound the time, that is faster for packed rows (see
   ModelSpec.for_packed_rows)."""
-  B, T = segment_BT.shape
+  seg_BT, end_BT = split_tree(segment_BT)
+  B, T = seg_BT.shape
   block = min(block, max(T, 1))
-  q_BTKGh, k_BTKh, v_BTKh, segment_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, segment_BT)
+  if end_BT is None:
+    q_BTKGh, k_BTKh, v_BTKh, seg_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, seg_BT)
+  else:
+    q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT)
   scale = q_BTKGh.shape[-1] ** -0.5
   tiles = lambda x: _head_major_tiles(x, block)
-  attend = lambda q, k, v, seg: _from_head_major_tiles(
-      _attention(tiles(q * scale), tiles(k), tiles(v), seg.astype(jnp.int32), block, jnp.dtype(dtype).name))
+  int32 = lambda x: None if x is None else x.astype(jnp.int32)
+  attend = lambda q, k, v, seg, end: _from_head_major_tiles(
+      _attention(tiles(q * scale), tiles(k), tiles(v), int32(seg), int32(end), block, jnp.dtype(dtype).name))
   shards, r = _batch_shards(B), rows_per_step
   if r <= 0 or B % (shards * r) or B == shards * r:
-    return attend(q_BTKGh, k_BTKh, v_BTKh, segment_BT)[:, :T]
+    return attend(q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT)[:, :T]
   # [B, ...] -> [steps, shards * r, ...]: step i takes rows [i r, (i + 1) r) of every shard's contiguous block
   n = B // (shards * r)
   steps = lambda x: jnp.swapaxes(x.reshape((shards, n, r) + x.shape[1:]), 0, 1).reshape((n, shards * r) + x.shape[1:])
-  out = jax.lax.map(lambda xs: attend(*xs), tuple(map(steps, (q_BTKGh, k_BTKh, v_BTKh, segment_BT))))
+  out = jax.lax.map(lambda xs: attend(*xs),
+                    tuple(None if x is None else steps(x) for x in (q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT)))
   out = jnp.swapaxes(out.reshape((n, shards, r) + out.shape[2:]), 0, 1)
   return out.reshape((B,) + out.shape[3:])[:, :T]
 
@@ -331,8 +392,9 @@ def fused_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 
   [B, 1, T, T] boolean mask (T^2 bytes per row). Query head k*G + g reads kv head k, as in our layout."""
   del block  # the kernel tiles for itself
   B, T, K, G, h = q_BTKGh.shape
-  seg_BT = segment_BT.astype(jnp.int32)
-  mask_B1TT = ((seg_BT[:, :, None] == seg_BT[:, None, :]) & (seg_BT[:, None, :] > 0))[:, None]
+  seg_BT, end_BT = split_tree(segment_BT)
+  seg_BT = seg_BT.astype(jnp.int32)
+  mask_B1TT = visible(seg_BT[:, :, None], seg_BT[:, None, :], None if end_BT is None else end_BT[:, None, :])[:, None]
   out_BTNh = jax.nn.dot_product_attention(q_BTKGh.reshape(B, T, K * G, h), k_BTKh, v_BTKh, mask=mask_B1TT,
                                           is_causal=True, implementation=implementation)
   out = out_BTNh.reshape(B, T, K, G, h).astype(jnp.float32)

@@ -59,12 +59,19 @@ def response_logprobs(params, spec: ModelSpec, prompt_BP, pvalid_BP, resp_BR, rm
 class PackedRows:
   """Sequences packed into rows [W, L] (segment ids 1, 2, ... per row, 0 = padding; positions restart at 0 per
   sequence), and per slot s the row holding its sequence and the columns whose hidden states predict its
-  response tokens (col_SR[s, r] = start + prompt length - 1 + r)."""
+  response tokens (col_SR[s, r] = start + prompt length - 1 + r). Prefix trees (packing.fill_rows) add
+  segment_end_WL: the last segment that sees each slot (attention.visible)."""
   tokens_WL: Any
   positions_WL: Any
   segment_WL: Any
   row_S: Any
   col_SR: Any
+  segment_end_WL: Any = None
+
+  @property
+  def segments(self):
+    """What the forward takes as segment_BT: the ids, or (ids, ends) of trees."""
+    return self.segment_WL if self.segment_end_WL is None else (self.segment_WL, self.segment_end_WL)
 
 
 def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature,
@@ -73,7 +80,7 @@ def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR
   """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False. `images`:
   the segments' frames laid out for the [W, L] rows (their positions replace rows.positions_WL)."""
   positions, embeds = vlm.forward_inputs(params, spec, images, rows.positions_WL, dtype)
-  hidden_WLD, _ = tf.forward(params, spec.for_packed_rows(), rows.tokens_WL, positions, rows.segment_WL, None,
+  hidden_WLD, _ = tf.forward(params, spec.for_packed_rows(), rows.tokens_WL, positions, rows.segments, None,
                              dtype, remat, embeds=embeds)
   hidden_SRD = hidden_WLD[rows.row_S[:, None], rows.col_SR]
   return token_logprobs(params, spec, hidden_SRD, resp_SR, rmask_SR, temperature, dtype=dtype,

@@ -226,9 +226,9 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
   T = tokens_BT.shape[1]
   x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   slot = jnp.arange(T)
-  mask_BTS = None if spec.blockwise(T) else (
-      (slot[None, :, None] >= slot[None, None, :]) & (segment_BT[:, :, None] == segment_BT[:, None, :])
-      & (segment_BT[:, None, :] > 0))
+  seg_BT, end_BT = attention.split_tree(segment_BT)
+  mask_BTS = None if spec.blockwise(T) else (slot[None, :, None] >= slot[None, None, :]) & attention.visible(
+      seg_BT[:, :, None], seg_BT[:, None, :], None if end_BT is None else end_BT[:, None, :])
   layer_fn = functools.partial(_layer, spec, dtype)
   if remat:
     layer_fn = jax.checkpoint(layer_fn, prevent_cse=False,
@@ -247,7 +247,8 @@ def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT
   """Final-normed hidden states [B, T, D] (fp32 residual stream) and the updated cache.
 
   tokens_BT: int32 ids; positions_BT: int32 RoPE positions, [B, T] or [3, B, T] (see `rope_angles`);
-  segment_BT: int32, 0 = padding; embeds: rows replacing some tokens' embeddings (see `embed_tokens`).
+  segment_BT: int32, 0 = padding, or (ids, ends) of packed prefix trees without a cache (attention.visible);
+  embeds: rows replacing some tokens' embeddings (see `embed_tokens`).
   Without a cache, token t attends to tokens s <= t of its own segment. With a cache, the T tokens are
   written at slots [cache.end, cache.end + T) and attend to all earlier slots of their segment.
   dtype: compute dtype of the matmuls (fp32 or bf16); norms, softmax and the residual stay fp32.

@@ -75,6 +75,55 @@ def test_packed_rows_skip_the_tiles_of_other_segments():
       np.testing.assert_allclose(g, r, atol=5e-6)
 
 
+def _tree_rows():
+  """Two rows of prefix trees as packing.fill_rows lays them out (block 8: several tiles per branch): row 0 a
+  head of 19 with three branches (one shares 5 more tokens with the first) then a lone sequence; row 1 one
+  head with two branches and padding."""
+  from seed_jax import packing
+  rng = np.random.default_rng(3)
+  tok = lambda n: list(rng.integers(1, 50, n))
+  head, more, head_b = tok(19), tok(5), tok(21)
+  rows = [[head + more + tok(9), head + more + tok(11), head + tok(10), [60] + tok(5)],
+          [head_b + tok(7), head_b + tok(9)]]
+  members, shared, seqs = [], {}, []
+  for row in rows:  # each row's sequences in token order, as packing.plan_layout places a run of neighbours
+    order = packing.prefix_order(row)
+    members.append(tuple(len(seqs) + i for i in order.order))
+    shared.update({len(seqs) + i: sh for i, sh in zip(order.order, order.shared)})
+    seqs += row
+  lay = packing.Layout(64, (tuple(members),), 2, len(seqs), tuple(shared[n] for n in range(len(seqs))))
+  packed, *_ = packing.fill_rows(lay, seqs, [[1]] * len(seqs), 1)
+  return jnp.asarray(packed.segment_WL), jnp.asarray(packed.segment_end_WL)
+
+
+def _reference_tree(q, k, v, seg, end):
+  t = jnp.arange(q.shape[1])
+  mask = (t[:, None] >= t[None, :])[None] & attention.visible(seg[:, :, None], seg[:, None, :], end[:, None, :])
+  s = jnp.einsum("btkgh,bskh->bkgts", q * q.shape[-1] ** -0.5, k)
+  p = jax.nn.softmax(jnp.where(mask[:, None, None], s, -1e30), axis=-1)
+  return jnp.where((seg > 0)[:, :, None, None, None], jnp.einsum("bkgts,bskh->btkgh", p, v), 0.0)
+
+
+@pytest.mark.parametrize("rows_per_step", [0, 1])
+def test_prefix_tree_rows_equal_the_materialized_tree_mask(rows_per_step):
+  """Packed prefix trees ((ids, ends) segments): the blockwise path's values and gradients equal the
+  materialized softmax under `visible` (each query sees its own sequence's path), rows at once or one by one;
+  a branch's query tiles skip its sibling's tiles (tiles_meet) and the cuDNN call's mask agrees."""
+  seg, end = _tree_rows()
+  q, k, v, _, _ = _inputs(T=64, seed=7)
+  w = jnp.asarray(np.random.default_rng(8).normal(size=q.shape), jnp.float32) * (seg > 0)[:, :, None, None, None]
+  fn = lambda q, k, v: attention.blockwise_causal_attention(q, k, v, (seg, end), block=8,
+                                                            rows_per_step=rows_per_step)
+  ref = lambda q, k, v: _reference_tree(q, k, v, seg, end)
+  np.testing.assert_allclose(jax.jit(fn)(q, k, v), ref(q, k, v), atol=2e-6)
+  for g, r in zip(_grads(fn, w, q, k, v), _grads(ref, w, q, k, v)):
+    np.testing.assert_allclose(g, r, atol=5e-6)
+  meet = np.asarray(attention.tiles_meet(seg, end, 8))
+  assert meet.sum() < np.tril(np.ones_like(meet)).sum()  # some tiles below the diagonal are skipped
+  fused = lambda q, k, v: attention.fused_causal_attention(q, k, v, (seg, end), implementation="xla")
+  np.testing.assert_allclose(jax.jit(fused)(q, k, v), ref(q, k, v), atol=2e-6)
+
+
 @pytest.mark.parametrize("rows_per_step", [1, 2, 3])
 def test_rows_in_steps_equal_all_rows_at_once(rows_per_step):
   """Rows attended a few at a time (each step its own tile ranges) give the all-rows-at-once values and
