@@ -203,7 +203,7 @@ def minibatches(samples: Samples, draws: Iterable[Sequence[int]], per: int, *, m
       seqs = [list(samples.prompts[i]) + list(samples.responses[i]) for i in idx]
       agreed = packing.agreed_layout([len(x) for x in seqs], length=pack_length,
                                      group_tokens=micro_batch_size * (Pn + R), resp_len=R_pack, mesh=mesh,
-                                     seqs=seqs if share_prefix and samples.images is None and vs is None else None)
+                                     seqs=seqs if share_prefix and vs is None else None)  # vs: as every process
       lay = agreed.layout
       mb, tokens = packed_minibatch(samples, idx, lay, agreed.resp_len, first_row=agreed.first_row, vs=vs, mesh=mesh,
                                     **cols)

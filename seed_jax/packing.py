@@ -145,8 +145,8 @@ def plan_layout(lengths: Sequence[int], *, length: int, group_tokens: int, row_m
   and slots are at least one per 512 row tokens, so successive updates, whose lengths differ a little, reuse
   the same compiled shapes. With `prefix` (prefix_order of the sequences) neighbours that share a head are
   placed as trees (their positions: the tokens they do not share)."""
-  if not lengths:  # a process with no sequences still takes part in every process's passes
-    return Layout(length, ((),), row_multiple, row_multiple)
+  if not lengths:  # a process with no sequences still takes part in every process's passes (trees as theirs)
+    return Layout(length, ((),), row_multiple, row_multiple, None if prefix is None else ())
   fits = [L for L in row_lengths(length) if L >= max(lengths)] or [1 << (max(lengths) - 1).bit_length()]
   layouts = [_layout(lengths, L, group_tokens, row_multiple, prefix) for L in fits]
   cost = lambda lay: lay.computed_rows * lay.length

@@ -130,7 +130,7 @@ class Rescorer:
     R = bucket(max(1, max(map(len, resps), default=1)), pow2_sizes(16, max(16, self.cfg.max_response_len)),
                "response length")
     # Every process's passes take the same shapes; only the passes that hold a sequence somewhere run.
-    share = self.cfg.share_prefix and all(f is None for f in frames)
+    share = self.cfg.share_prefix and self.spec.vision is None  # by the model: the same on every process
     agreed = packing.agreed_layout([len(p) + len(r) for p, r in zip(prompts, resps)], length=self.cfg.pack_length,
                                    group_tokens=self.cfg.pack_tokens, resp_len=R, mesh=self.mesh,
                                    seqs=[list(p) + list(r) for p, r in zip(prompts, resps)] if share else None)
