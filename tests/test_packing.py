@@ -112,6 +112,9 @@ def test_prefix_tree_rows_store_each_shared_head_once():
   np.testing.assert_array_equal(rows.col_SR[:4], [[2, 3], [2, 3], [6, 0], [8, 0]])
   np.testing.assert_array_equal(resp[:4], [[1, 2], [1, 3], [4, 0], [2, 0]])
   assert packing.plan_layout(list(map(len, seqs)), length=128, group_tokens=128).shared is None
+  # a process with no sequences still passes trees' arrays (every process's passes take one pytree)
+  empty = packing.plan_layout([], length=128, group_tokens=128, prefix=packing.prefix_order([]))
+  assert packing.fill_rows(empty, [], [], 2)[0].segment_end_WL is not None
   # what attention sees from each segment (attention.visible): exactly its own sequence's tokens
   from seed_jax.models.attention import visible
   seg, end = rows.segment_WL[0, :10], rows.segment_end_WL[0, :10]
