@@ -223,8 +223,8 @@ def fill_rows(layout: Layout, prompts: Sequence[Sequence[int]], responses: Seque
     for w, members in enumerate(group):
       r, a, path = g * W + w, 0, np.zeros((0,), np.int64)  # path: the slot of each depth of the last sequence
       heads = [shared[n] for n in members]
-      for k, (seg, n) in enumerate(zip(range(1, len(members) + 1), members)):
-        p, q, h = prompts[n], responses[n], heads[k]
+      for k, n in enumerate(members):
+        seg, p, q, h = k + 1, prompts[n], responses[n], heads[k]
         m = len(p) + len(q)
         path = np.concatenate([path[:h], a + np.arange(m - h)])
         tokens[r, a:a + m - h] = (list(p) + list(q))[h:]

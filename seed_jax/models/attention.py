@@ -79,8 +79,7 @@ def attend(spec: ModelSpec, q_BTKGh, k_BTKh, v_BTKh, segment_BT, mask_BTS, cache
 
 
 def split_tree(segment_BT):
-  """(ids [B, T], ends [B, T] or None): a packed row of prefix trees passes both (packing.fill_rows), any other
-  call the ids alone."""
+  """(ids [B, T], ends [B, T] or None): packed prefix trees pass both (packing.fill_rows), other calls the ids."""
   return tuple(segment_BT) if isinstance(segment_BT, tuple) else (segment_BT, None)
 
 
@@ -90,6 +89,12 @@ def visible(seg_q, seg_k, end_k):
   if end_k is None:
     return (seg_q == seg_k) & (seg_k > 0)
   return (seg_k <= seg_q) & (seg_q <= end_k) & (seg_k > 0)
+
+
+def visible_BTT(segment_BT):
+  """[B, T, T]: which of a call's own tokens each token may see (`visible`; ids or a tree's (ids, ends))."""
+  seg_BT, end_BT = split_tree(segment_BT)
+  return visible(seg_BT[:, :, None], seg_BT[:, None, :], None if end_BT is None else end_BT[:, None, :])
 
 
 def write_slots(cache_B, new_B, end, axis: int):
@@ -176,9 +181,9 @@ def _tile_mask(seg_nBb, end_nBb, i, j, block):
 
 
 def _pad_to_tiles(block, *xs_BT):
-  """Each [B, T, ...] array padded along T to a multiple of `block` (the segment ids with 0: padding)."""
+  """Each [B, T, ...] array (or None) padded along T to a multiple of `block` (segment ids with 0: padding)."""
   pad = -xs_BT[0].shape[1] % block
-  return tuple(jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) for x in xs_BT)
+  return tuple(None if x is None else jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) for x in xs_BT)
 
 
 def _head_major_tiles(x_BT, block):
@@ -199,14 +204,14 @@ def block_ranges(seg_BT, block, end_BT=None):
   """(lo_n, hi_n): per query block the first key block any of its queries may attend to, per key block the last
   query block that may attend to it, over the whole batch. A packed row's segments then cost only their own
   tiles, not the lower triangle of the row; a segment id may recur anywhere in its row (first/last slot per id).
-  With trees (end_BT) from `tiles_meet`."""
+  With trees (end_BT) from `tiles_meet`, the last two of (lo_n, hi_n, meet_nn)."""
   B, T = seg_BT.shape
   n, rows = T // block, jnp.arange(B)[:, None]
   if end_BT is not None:
     meet_nn = tiles_meet(seg_BT, end_BT, block)
     lo_n = jnp.where(meet_nn.any(1), jnp.argmax(meet_nn, 1), n)
     hi_n = jnp.where(meet_nn.any(0), n - 1 - jnp.argmax(meet_nn[::-1], 0), -1)
-    return lo_n, hi_n
+    return lo_n, hi_n, meet_nn
   slot_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   seg_BT = jnp.clip(seg_BT, 0, T)
   first_BT = jnp.take_along_axis(jnp.full((B, T + 1), T, jnp.int32).at[rows, seg_BT].min(slot_BT), seg_BT, 1)
@@ -275,8 +280,8 @@ def _forward(q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, block, dtype):
   already scaled."""
   n, B, K, G, _, h = q_nBKGbh.shape
   seg_nBb, end_nBb = _by_block(seg_BT, n, block), _by_block(end_BT, n, block)
-  lo_n, _ = block_ranges(seg_BT, block, end_BT)
-  meet_nn = None if end_BT is None else tiles_meet(seg_BT, end_BT, block)
+  lo_n, _, *meet = block_ranges(seg_BT, block, end_BT)
+  meet_nn = meet[0] if meet else None
 
   def query_block(i):
     def key_block(j, carry):
@@ -309,8 +314,8 @@ def _attention_bwd(block, dtype, res, dout_nBKGbh):
   q_nBKGbh, k_nBKbh, v_nBKbh, seg_BT, end_BT, out_nBKGbh, lse_nBKGb = res
   n, B = q_nBKGbh.shape[:2]
   seg_nBb, end_nBb = _by_block(seg_BT, n, block), _by_block(end_BT, n, block)
-  _, hi_n = block_ranges(seg_BT, block, end_BT)
-  meet_nn = None if end_BT is None else tiles_meet(seg_BT, end_BT, block)
+  _, hi_n, *meet = block_ranges(seg_BT, block, end_BT)
+  meet_nn = meet[0] if meet else None
   dout_nBKGbh = dout_nBKGbh.astype(jnp.float32)
   delta_nBKGb = jnp.sum(dout_nBKGbh * out_nBKGbh, axis=-1)  # [n, B, K, G, block]
 
@@ -364,10 +369,7 @@ def blockwise_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: in
   seg_BT, end_BT = split_tree(segment_BT)
   B, T = seg_BT.shape
   block = min(block, max(T, 1))
-  if end_BT is None:
-    q_BTKGh, k_BTKh, v_BTKh, seg_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, seg_BT)
-  else:
-    q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT)
+  q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT = _pad_to_tiles(block, q_BTKGh, k_BTKh, v_BTKh, seg_BT, end_BT)
   scale = q_BTKGh.shape[-1] ** -0.5
   tiles = lambda x: _head_major_tiles(x, block)
   int32 = lambda x: None if x is None else x.astype(jnp.int32)
@@ -392,9 +394,8 @@ def fused_causal_attention(q_BTKGh, k_BTKh, v_BTKh, segment_BT, *, block: int = 
   [B, 1, T, T] boolean mask (T^2 bytes per row). Query head k*G + g reads kv head k, as in our layout."""
   del block  # the kernel tiles for itself
   B, T, K, G, h = q_BTKGh.shape
-  seg_BT, end_BT = split_tree(segment_BT)
-  seg_BT = seg_BT.astype(jnp.int32)
-  mask_B1TT = visible(seg_BT[:, :, None], seg_BT[:, None, :], None if end_BT is None else end_BT[:, None, :])[:, None]
+  seg_BT = split_tree(segment_BT)[0].astype(jnp.int32)
+  mask_B1TT = visible_BTT(segment_BT)[:, None]
   out_BTNh = jax.nn.dot_product_attention(q_BTKGh.reshape(B, T, K * G, h), k_BTKh, v_BTKh, mask=mask_B1TT,
                                           is_causal=True, implementation=implementation)
   out = out_BTNh.reshape(B, T, K, G, h).astype(jnp.float32)

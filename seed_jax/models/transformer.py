@@ -226,9 +226,8 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
   T = tokens_BT.shape[1]
   x_BTD, cos_BTh, sin_BTh = _embed(params, spec, tokens_BT, positions_BT, embeds)
   slot = jnp.arange(T)
-  seg_BT, end_BT = attention.split_tree(segment_BT)
-  mask_BTS = None if spec.blockwise(T) else (slot[None, :, None] >= slot[None, None, :]) & attention.visible(
-      seg_BT[:, :, None], seg_BT[:, None, :], None if end_BT is None else end_BT[:, None, :])
+  mask_BTS = None if spec.blockwise(T) else (
+      (slot[None, :, None] >= slot[None, None, :]) & attention.visible_BTT(segment_BT))
   layer_fn = functools.partial(_layer, spec, dtype)
   if remat:
     layer_fn = jax.checkpoint(layer_fn, prevent_cse=False,
