@@ -38,6 +38,7 @@ from seed_jax import update  # noqa: E402
 from seed_jax.infra import checkpoint as ckpt_lib  # noqa: E402
 from seed_jax.infra import distributed  # noqa: E402
 from seed_jax.infra import mesh as mesh_lib  # noqa: E402
+from seed_jax.infra import peers  # noqa: E402
 from seed_jax.models import transformer as tf  # noqa: E402
 from seed_jax.models import weights  # noqa: E402
 from seed_jax.losses import SeedLossConfig  # noqa: E402
@@ -90,13 +91,18 @@ def main():
     dc.initialization_timeout_s = 60
     dc.heartbeat_timeout_s = 10 if A.role == "die" else dc.heartbeat_timeout_s
     if A.watch_poll_s is not None:
-      from seed_jax.infra import peers
       peers.POLL_S = A.watch_poll_s
     assert distributed.initialize(dc)
   if A.role == "die":  # the last process dies after one collective; the others go on calling collectives
     multihost_utils.process_allgather(np.ones(2))
     print("process", jax.process_index(), "past the first collective", flush=True)
-    if jax.process_index() == jax.process_count() - 1:
+    # The dying process waits until the others have left the collective too: exiting while a peer's gloo still
+    # reads from it aborts that peer inside the first collective (seen once on a 2-core CI machine).
+    client, me, last = peers._client(), jax.process_index(), jax.process_count() - 1
+    client.key_value_set(f"past/{me}", "1")
+    if me == last:
+      for i in range(last):
+        client.blocking_key_value_get(f"past/{i}", 60_000)
       os._exit(3)
     for _ in range(120):
       multihost_utils.process_allgather(np.ones(2))
