@@ -148,6 +148,10 @@ def get_base() -> ml_collections.ConfigDict:
   u.ppo_epochs = 1
   u.teacher = "old"  # "old": skill log-probs from π_old at rescore time (reference code); "current": from π_θ
   u.remat = True  # rematerialize each layer in the backward pass (memory for compute)
+  # What a rematerialized layer keeps for the backward: "attention" (its input and the blockwise attention's
+  # output) or "projections" (also the weight products' outputs: the backward recomputes no matmul, for
+  # [rows, tokens, (heads + 2 kv heads) x head_dim + 2 ffn + dim] more activations per layer)
+  u.remat_saves = "attention"
   u.dtype = "float32"  # compute dtype of the training forward
   # > 0: step-samples packed several to a row of this many tokens (seed_jax/packing.py) instead of one padded
   # row each; a micro-batch then holds at most micro_batch_size x (padded prompt + response) positions, the

@@ -25,6 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rescore.dtype": ("float32", "bfloat16"),
     "rescore.old_logps": ("auto", "update", "rescore"),
     "learner.dtype": ("float32", "bfloat16"),
+    "learner.remat_saves": ("attention", "projections"),
     "model.attention": ("auto", "blocked", "xla_blockwise", "splash", "cudnn"),
     "learner.teacher": ("old", "current"),
     "learner.schedule": ("constant", "warmup_cosine", "warmup_constant"),

@@ -180,6 +180,7 @@ class Workload:
   micro_rows: int  # rows of one forward/backward (doubled when both contexts go through the update)
   vocab_chunk: int
   remat: bool
+  remat_saves: str  # learner.remat_saves
   reference_on_device: bool  # the frozen KL reference occupies accelerator memory
   prefill_chunk: int = 0  # sampler.prefill_chunk: longer prompts are prefilled this many tokens at a time
 
@@ -202,6 +203,7 @@ class Workload:
         prompt=pow2_at_least(cfg.model.max_prompt_tokens), response=pow2_at_least(cfg.rollout.max_new_tokens),
         micro_rows=cfg.learner.micro_batch_size * (2 if uses_skill and cfg.learner.teacher == "current" else 1),
         vocab_chunk=cfg.rescore.vocab_chunk, remat=bool(cfg.learner.remat),
+        remat_saves=cfg.learner.remat_saves,
         reference_on_device=cfg.objectives.kl_coef > 0 and cfg.mesh.ref_params_memory == "device",
         prefill_chunk=cfg.sampler.prefill_chunk)
 
@@ -249,6 +251,9 @@ def update_activation_bytes(spec: ModelSpec, w: Workload, mesh: dict[str, int], 
     # live in the backward: one block recomputed plus its cotangents
     if spec.blockwise(T) and spec.attention not in ("splash", "cudnn"):
       block_input += shard_bytes((B, T, spec.n_heads, spec.head_dim + 1), ("batch", "length", "heads", None), mesh)
+    if w.remat_saves == "projections":  # and the weight products' outputs the backward reads: q, k, v, gate, up, o
+      F = (spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim + 2 * spec.ffn_dim + spec.dim
+      block_input += shard_bytes((B, T, F), ("batch", "length", None), mesh)
     return spec.n_layers * block_input + 2 * layer + 2 * logits_bytes(spec, B, chunk, mesh)
   return spec.n_layers * layer + layer + logits_bytes(spec, B, R, mesh) + logits_bytes(spec, B, chunk, mesh)
 

@@ -184,7 +184,7 @@ def learner(cfg: ml_collections.ConfigDict, spec, params, loss_cfg: losses.SeedL
   optimizer = update_lib.make_optimizer(cfg.learner)
   update_fn = update_lib.make_update_fn(
       spec, loss_cfg, optimizer, micro_batch_size=cfg.learner.micro_batch_size, dtype=jnp.dtype(cfg.learner.dtype),
-      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat, teacher=teacher,
+      chunk=cfg.rescore.vocab_chunk, remat=cfg.learner.remat and cfg.learner.remat_saves, teacher=teacher,
       state_shardings=update_lib.state_shardings(params, optimizer))  # [scale] the state keeps its layout
   return dict(update_fn=update_fn, optimizer=optimizer, loss_cfg=loss_cfg, teacher=teacher,
               update_compiles=CompileCounter())

@@ -119,7 +119,7 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 
 
 def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature, *, spec: ModelSpec,
-               loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool, teacher: TeacherPlan):
+               loss_cfg: losses.SeedLossConfig, dtype, chunk: int, remat: bool | str, teacher: TeacherPlan):
   """SEED loss of one micro-batch. With teacher="current" both contexts go through one forward and the
   skill-side log-probs are stop-gradient teachers."""
   B = mb.resp_BR.shape[0]
@@ -150,7 +150,7 @@ def micro_loss(params, mb: MiniBatch, norm: losses.LossNormalizers, temperature,
 
 
 def make_update_fn(spec: ModelSpec, loss_cfg: losses.SeedLossConfig, optimizer: optax.GradientTransformation,
-                   *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool = True,
+                   *, micro_batch_size: int, dtype=jnp.float32, chunk: int = 128, remat: bool | str = True,
                    teacher: TeacherPlan | None = None, state_shardings: TrainState | None = None) -> Callable:
   """Jitted `(state, minibatch, temperature) -> (state, metric sums)`; the state is donated. `teacher`: the
   run's teacher_plan (None: teacher "old"). `state_shardings` (from `state_shardings(params, optimizer)`) pins

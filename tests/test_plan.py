@@ -59,15 +59,18 @@ def test_planned_weight_and_optimizer_bytes_equal_the_real_shards(shape):
   assert planned["params"] * 8 > plan.param_bytes(SPEC, {"data": 1, "fsdp": 1, "tensor": 1}) * 0.9  # sharded
 
 
-def _workload(remat: bool, micro=16, Pn=128, R=64) -> plan.Workload:
+def _workload(remat: bool | str, micro=16, Pn=128, R=64) -> plan.Workload:
+  """`remat`: False, True or a learner.remat_saves value."""
   return plan.Workload(sample_rows=8, sample_prompt=Pn, sample_new=R, analysis_rows=0, analysis_prompt=0,
                        analysis_new=0, sample_itemsize=4, rescore_rows=8, prompt=Pn, response=R, micro_rows=micro,
-                       vocab_chunk=16, remat=remat, reference_on_device=False)
+                       vocab_chunk=16, remat=bool(remat), remat_saves=remat if isinstance(remat, str) else "attention",
+                       reference_on_device=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("remat,attention", [(True, "blocked"), (False, "blocked"), (True, "xla_blockwise"),
-                                             (False, "xla_blockwise")])
+                                             (False, "xla_blockwise"), ("projections", "blocked"),
+                                             ("projections", "xla_blockwise")])
 def test_planned_update_temporaries_match_xla(remat, attention):
   spec = dataclasses.replace(SPEC, attention=attention, attention_block=64)
   mesh = make_mesh((1, 8, 1))

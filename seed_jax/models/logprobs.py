@@ -35,7 +35,7 @@ def entropy_BT(logits_BTV: jax.Array, temperature: float = 1.0) -> jax.Array:
 
 
 def response_logprobs(params, spec: ModelSpec, prompt_BP, pvalid_BP, resp_BR, rmask_BR, temperature,
-                      images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool = False,
+                      images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool | str = False,
                       with_entropy: bool = True):
   """Per-token log π(resp_r | prompt, resp_<r) and entropy, both of the temperature-scaled distribution.
 
@@ -75,7 +75,7 @@ class PackedRows:
 
 
 def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR, temperature,
-                    images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool = False,
+                    images: vlm.ImageBatch | None = None, *, dtype, chunk: int, remat: bool | str = False,
                     with_entropy: bool = True):
   """`response_logprobs` for packed rows: (logp_SR, entropy_SR) per slot, 0 where rmask_SR is False. `images`:
   the segments' frames laid out for the [W, L] rows (their positions replace rows.positions_WL)."""
@@ -88,7 +88,7 @@ def packed_logprobs(params, spec: ModelSpec, rows: PackedRows, resp_SR, rmask_SR
 
 
 def token_logprobs(params, spec: ModelSpec, hidden_BRD, targets_BR, mask_BR, temperature, *, dtype, chunk: int,
-                   remat: bool = False, with_entropy: bool = True):
+                   remat: bool | str = False, with_entropy: bool = True):
   """log π(targets_BR | hidden_BRD) and entropy of the temperature-scaled distribution, where hidden_BRD are
   final hidden states gathered at the positions that predict each target (any positions: a response block, or
   the scattered response tokens of packed SFT rows).

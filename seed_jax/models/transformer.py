@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax.ad_checkpoint import checkpoint_name
+
 from seed_jax.infra.mesh import constrain
 from seed_jax.models import attention, xla_cpu
 from seed_jax.models.spec import ModelSpec
@@ -140,8 +142,10 @@ def _dot(eq, a, b, dtype):
   lhs, out = eq.split("->")
   sa, sb = lhs.split(",")
   if jax.default_backend() == "cpu" and sb[0] in sa:  # weight [contracted..., out...] (not "btd,vd->btv")
-    return xla_cpu.projection(eq, a, b)
-  return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+    out = xla_cpu.projection(eq, a, b)
+  else:
+    out = jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+  return checkpoint_name(out, "projection")  # kept by a rematerialized layer under remat="projections"
 
 
 def _layer(spec: ModelSpec, dtype, x_BTD, w, cos_BTh, sin_BTh, kv, mask_BTS, segment_BT=None):
@@ -218,7 +222,13 @@ def _embed(params: Params, spec: ModelSpec, tokens_BT, positions_BT, embeds=None
   return x_BTD, jnp.cos(angles_BTh), jnp.sin(angles_BTh)
 
 
-def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, dtype, remat: bool,
+def _saved_under_remat(remat: bool | str) -> tuple[str, ...]:
+  """What a rematerialized layer keeps (`remat`: True or learner.remat_saves), by checkpoint_name: the blockwise
+  attention's output (its tile walk is the costliest recompute) and, under "projections", every weight product's."""
+  return attention.SAVED_UNDER_REMAT + (("projection",) if remat == "projections" else ())
+
+
+def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, dtype, remat: bool | str,
                  keep_kv: bool, embeds=None):
   """The cache-less forward: `lax.scan` over the stacked layers (compiles once for all of them). Returns the
   final-normed hidden states and, if `keep_kv`, an attention.LayerCache of every layer's keys [L, B, K, hd, T]
@@ -231,7 +241,7 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
   layer_fn = functools.partial(_layer, spec, dtype)
   if remat:
     layer_fn = jax.checkpoint(layer_fn, prevent_cse=False,
-                              policy=jax.checkpoint_policies.save_only_these_names(*attention.SAVED_UNDER_REMAT))
+                              policy=jax.checkpoint_policies.save_only_these_names(*_saved_under_remat(remat)))
 
   def body(x, w):
     x, kv = layer_fn(x, w, cos_BTh, sin_BTh, None, mask_BTS, segment_BT)
@@ -242,7 +252,7 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
 
 
 def forward(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segment_BT, cache: KVCache | None = None,
-            dtype=jnp.float32, remat: bool = False, embeds=None):
+            dtype=jnp.float32, remat: bool | str = False, embeds=None):
   """Final-normed hidden states [B, T, D] (fp32 residual stream) and the updated cache.
 
   tokens_BT: int32 ids; positions_BT: int32 RoPE positions, [B, T] or [3, B, T] (see `rope_angles`);

@@ -3,6 +3,7 @@ the materialized softmax: outputs and gradients with left padding, packed segmen
 length that is not a multiple of the tile, bf16, a mesh; the transformer's forward and a training gradient with
 attention="xla_blockwise" / "splash" equal the "blocked" path; and the blockwise gradient's compiled memory grows
 linearly with the length where the materialized path's grows quadratically."""
+import collections
 import dataclasses
 import re
 
@@ -184,6 +185,31 @@ def test_remat_keeps_the_attention_output_instead_of_rewalking_the_tiles(capsys,
   monkeypatch.undo()
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                jax.jit(jax.grad(loss(True)))(params), jax.jit(jax.grad(loss(False)))(params))
+
+
+@pytest.mark.slow
+def test_remat_saving_projections_keeps_every_weight_product_and_the_gradient(capsys):
+  """learner.remat_saves="projections": a rematerialized layer also keeps the weight products' outputs that its
+  backward reads (q, k, v, gate, up, one of dim width), so it recomputes no matmul; the gradient equals the
+  un-rematerialized one."""
+  spec = dataclasses.replace(SPEC, attention="xla_blockwise", attention_block=16)
+  params = tf.init_params(spec, 0)
+  B, T = 2, 40
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 96, (B, T)), jnp.int32)
+  pos, seg = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)), jnp.ones((B, T), jnp.int32)
+  loss = lambda remat: (lambda p: jnp.sum(tf.forward(p, spec, tokens, pos, seg, remat=remat)[0] ** 2))
+
+  def saved(remat):  # the shapes the layer scan keeps for the backward
+    jax.ad_checkpoint.print_saved_residuals(loss(remat), params)
+    return collections.Counter(line.split(" ")[0] for line in capsys.readouterr().out.splitlines()
+                               if "(_scan_layers)" in line)
+
+  # 2 layers x 2 rows x 40 tokens: q (6 heads of 16), k and v (2 kv heads), gate and up (96), one of dim 64
+  extra = ["f32[2,2,40,6,16]"] + ["f32[2,2,40,2,16]"] * 2 + ["f32[2,2,40,96]"] * 2 + ["f32[2,2,40,64]"]
+  assert saved("projections") - saved("attention") == collections.Counter(extra)
+  assert saved("attention") == saved(True)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+               jax.jit(jax.grad(loss("projections")))(params), jax.jit(jax.grad(loss(False)))(params))
 
 
 def test_fused_attention_call_equals_the_materialized_softmax():
