@@ -10,7 +10,9 @@ warm-up update compiles the programs; the measured update repeats update 0's tas
 it shows the steady state. A repeat can still meet a new shape (its first prompts reuse the heads the last update
 kept); an update that compiled anything counts as one more warm-up (`warmup_updates`, at most MAX_WARMUPS) and the
 next is measured. `compiles.in_measured_update` says whether the measured one still compiled, and
-`compiles.seconds_in_measured_update` how long tracing, lowering and compiling took inside it.
+`compiles.seconds_in_measured_update` how long tracing, lowering and compiling took inside it. `--rounds N` measures
+N updates (each repeating update 0's tasks) and reports the one of median time, with every round's seconds in
+`rounds`; `--gate` waits for the driver's go before each (benchmarks.turns: a peer benchmark's rounds alternate).
 
 Per phase: `split` (rollout and analysis) is where the phase's time went: prefill_s and decode_s of the
 sampler's calls, env_s in the environment pool (rollout), host_s the rest (rendering and tokenizing prompts,
@@ -33,25 +35,30 @@ kernels run, ideal_s / wall_s (`ideal_over_actual`) that times the share of real
   python -m benchmarks.update --compare=bf16       # fp32 (the default) vs bf16 matmuls in every phase
   python -m benchmarks.update --compare=prefix     # shared-prefix prefill (the default) vs every prompt whole
   python -m benchmarks.update --compare=share_prefix  # packed prefix trees (the default) vs every sequence whole
+  python -m benchmarks.update --compare=remat_saves --rounds 3  # remat keeps the attention (default) vs projections
 
---compare runs each setting in its own child, the default one first; the JSON line holds both children's lines
-and the ratios (second over first) of each phase's wall time and forwarded tokens. For old_logps the update
-phase does the same work in both children, so its wall ratio measures their load difference and the
-re-score's ratio is also given divided by it.
+--compare runs each setting in its own child; both warm up, then they take turns, one measured update at a time
+over --rounds rounds, the order alternating (benchmarks.turns), so a slow spell of the host falls on both. The
+JSON line holds both children's lines, each round's ratios (second over first) of the whole update and of each
+phase's wall time, their medians, and the ratio of forwarded tokens. For old_logps the update phase does the same
+work in both children, so its wall ratio measures their load difference and the re-score's ratio is also given
+divided by it.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import os
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
 from typing import Any, Sequence
 
 from benchmarks import common
+from benchmarks.turns import Side, alternate, gate
 
 PHASES = ("rollout", "analysis", "rescore", "update")
 COMPILED = ("sampler", "rescore", "update")  # the pipeline's compiles/* counters
@@ -157,6 +164,29 @@ def new_compiles(before: dict[str, Any], after: dict[str, Any]) -> int:
   return sum(int(after.get(f"compiles/{k}", 0)) - int(before.get(f"compiles/{k}", 0)) for k in COMPILED)
 
 
+@dataclasses.dataclass(frozen=True)
+class Round:
+  """One measured update: its wall seconds, the pipeline's metrics, and what it compiled."""
+  seconds: float
+  metrics: dict[str, Any]
+  compile_s: float
+  compiles: int
+
+  def report(self) -> dict[str, Any]:
+    m = self.metrics
+    split = {k: round(float(m.get(f"time/rollout_{k}", 0.0)), 3) for k in ("prefill_s", "decode_s", "env_s")}
+    return dict(update_s=round(self.seconds, 2), compiles=self.compiles, compile_s=round(self.compile_s, 2),
+                wall_s={p: round(float(m.get(f"time/{p}_s", 0.0)), 3) for p in PHASES}, rollout_split=split)
+
+
+def update_shapes(spec, m: dict[str, Any], passes: int) -> dict[str, Any]:
+  """What a peer needs to do the same work as this update: step-samples and their average lengths (`passes`:
+  update rows per step-sample)."""
+  roll = phase_report(spec, m, "rollout", 1.0)
+  return dict(step_samples=int(m.get("tokens/update_rows_real", 0)) // passes, avg_prompt=roll["avg_prompt"],
+              avg_response=roll["avg_response"])
+
+
 def run_update(a) -> dict[str, Any]:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -183,6 +213,7 @@ def run_update(a) -> dict[str, Any]:
     cfg = warmstart.with_warm_policy(cfg)
   rt = runtime.build(cfg)
   build_s = time.perf_counter() - t0
+  passes = cfg.learner.ppo_epochs * (2 if rt.teacher.update_reads_skill_prompts else 1)  # update rows per sample
   # Each phase's ideal at the peak of its own matmul dtype (the sampler's, the re-score's, the learner's)
   dtypes = {"rollout": cfg.sampler.dtype, "analysis": cfg.sampler.dtype, "rescore": cfg.rescore.dtype,
             "update": cfg.learner.dtype}
@@ -212,22 +243,36 @@ def run_update(a) -> dict[str, Any]:
         if not new_compiles(warm_m, m) or warmups == MAX_WARMUPS:
           break
         warmup_s, warm_m = warmup_s + measured_s, m
-      measured_compile_s = sum(compile_s.values())
+      rounds = [Round(measured_s, m, sum(compile_s.values()), new_compiles(warm_m, m))]
+      if a.gate:  # the driver's rounds start now: the update above was one more warm-up
+        warmup_s, warmups, rounds = warmup_s + measured_s, warmups + 1, []
+        gate(dict(ready=True, **update_shapes(rt.spec, m, passes)))
+      while len(rounds) < a.rounds:
+        compile_s.clear()
+        t0 = time.perf_counter()
+        state, m_next = pipeline.rl_update(rt, state, 0, writer)
+        rounds.append(Round(time.perf_counter() - t0, m_next, sum(compile_s.values()), new_compiles(m, m_next)))
+        m = m_next
+        if a.gate:  # the peaks are measured inside this side's turn, while the other sides wait
+          measure_peaks()
+          if len(rounds) < a.rounds:
+            gate({"round": len(rounds) - 1, "update_s": round(rounds[-1].seconds, 2)})
       writer.close()
   finally:
     rt.close()
   measure_peaks()
   peak = {d: max(v) for d, v in peaks.items()}
+  median = sorted(rounds, key=lambda r: r.seconds)[len(rounds) // 2]  # its phases are reported
+  m, measured_s = median.metrics, median.seconds
   phases = {p: phase_report(rt.spec, m, p, peak[dtypes[p]]) for p in PHASES}
   n_params = sum(x.size for x in jax.tree.leaves(rt.init_params))
   dec = decode_report(rt.spec, m, n_params, cfg.sampler.dtype, common.stream_bandwidth_gbs())
   wall = lambda ps: sum(phases[p]["wall_s"] for p in ps)
   outside = ("analysis", "rescore", "update")
   fwd = sum(phases[p]["forwarded_tokens"] for p in ("rescore", "update"))
-  passes = cfg.learner.ppo_epochs * (2 if rt.teacher.update_reads_skill_prompts else 1)  # update rows per sample
   compiles = {k: int(m.get(f"compiles/{k}", 0)) for k in COMPILED}
-  compiles["in_measured_update"] = new_compiles(warm_m, m)
-  compiles["seconds_in_measured_update"] = round(measured_compile_s, 2)  # tracing, lowering, XLA
+  compiles["in_measured_update"] = median.compiles
+  compiles["seconds_in_measured_update"] = round(median.compile_s, 2)  # tracing, lowering, XLA
   return dict(
       bench="update", cpu=common.cpu_model(), load_avg=dict(start=load_start, measured=load_measured, end=common.load_avg()),
       matmul_peak_gflops=round(peak["float32"] if "float32" in peak else max(peak.values()), 1),
@@ -245,7 +290,7 @@ def run_update(a) -> dict[str, Any]:
       old_logps_from_sampler=bool(m.get("rescore/old_logps_from_sampler", 0.0)),
       old_logps_from_update=bool(m.get("rescore/old_logps_from_update", 0.0)),
       build_s=round(build_s, 1), warmup_updates=warmups, warmup_update_s=round(warmup_s, 1),
-      measured_update_s=round(measured_s, 1),
+      measured_update_s=round(measured_s, 1), rounds=[r.report() for r in rounds],
       rollout_success=m.get("rollout/success"), analysis_parse_rate=m.get("analysis/parse_rate"))
 
 
@@ -256,22 +301,21 @@ COMPARE = {  # name -> (first child's settings, second child's settings)
     "prefix": ([], ["sampler.prefix_reuse_mb=0"]),  # shared-prefix prefill (the default) vs every prompt whole
     # packed rows as prefix trees (the default) vs every sequence whole, in the re-score and the update
     "share_prefix": ([], ["rescore.share_prefix=false", "learner.share_prefix=false"]),
+    # a rematerialized layer keeps its input and the attention's output (the default) vs also every projection's
+    "remat_saves": ([], ["learner.remat_saves=projections"]),
     # fp32 (the default) vs bf16 matmuls in every phase (fp32 master weights, norms, softmax and loss)
     "bf16": ([], ["sampler.dtype=bfloat16", "rescore.dtype=bfloat16", "learner.dtype=bfloat16"]),
 }
 
 
-def run_child(a, settings: Sequence[str]) -> dict[str, Any]:
-  """This benchmark in a child process (its own peak memory and compile counts) with `settings` added."""
-  args = [sys.executable, "-m", "benchmarks.update", "--child", "--size", a.size, "--config", a.config] + \
-      (["--warm"] if a.warm else [])
+def child(a, name: str, settings: Sequence[str]) -> Side:
+  """This benchmark in a gated child process (its own peak memory and compile counts) with `settings` added."""
+  args = [sys.executable, "-m", "benchmarks.update", "--child", "--gate", f"--rounds={a.rounds}", "--size", a.size,
+          "--config", a.config] + (["--warm"] if a.warm else [])
   for pair in list(a.set) + list(settings):
     args += ["--set", pair]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
-  proc = subprocess.run(args, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, text=True)  # stderr: the run's log
-  if proc.returncode:
-    raise RuntimeError(f"benchmarks.update child ({' '.join(settings) or 'defaults'}) failed ({proc.returncode})")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return Side(name, args, cwd=common.ROOT, env=env)  # stderr: the run's log
 
 
 def main() -> None:
@@ -282,6 +326,8 @@ def main() -> None:
   p.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
   p.add_argument("--compare", choices=sorted(COMPARE), help="two children, one per setting of COMPARE[name]")
   p.add_argument("--child", action="store_true", help="one run, as a child of --compare")
+  p.add_argument("--rounds", type=int, default=1, help="measured updates after the warm-ups; the median is reported")
+  p.add_argument("--gate", action="store_true", help="wait for a stdin line before each measured update (a driver's)")
   a = p.parse_args()
   if not a.compare:
     import logging
@@ -294,16 +340,30 @@ def main() -> None:
   keys = {s.split("=")[0] for s in first_set + second_set}
   if any(s.split("=")[0] in keys for s in a.set):
     raise SystemExit(f"--compare={a.compare} sets {', '.join(sorted(keys))} itself")
-  first, second = run_child(a, first_set), run_child(a, second_set)
-  ratio = lambda k, f="wall_s": second["phases"][k][f] / first["phases"][k][f] if first["phases"][k][f] else None
+  sides = [child(a, "first", first_set), child(a, "second", second_set)]
+  try:
+    for side in sides:  # both warm up (at once), then take turns
+      side.report()
+    finals = alternate(sides, a.rounds)
+  finally:
+    for side in sides:
+      side.close()
+  first, second = finals["first"], finals["second"]
+  # Each round's second over first (the two measured minutes apart), then their median.
+  per_round = lambda get: [round(get(s) / get(f), 3) if get(f) else None for f, s in zip(first["rounds"], second["rounds"])]
+  median = lambda xs: statistics.median(x for x in xs if x is not None) if any(x is not None for x in xs) else None
   phases = [k for k in first["phases"] if k in second["phases"]]
-  out = dict(bench="update_compare", compare=a.compare, cpu=first["cpu"], load_avg=common.load_avg(),
+  wall_rounds = {k: per_round(lambda r, k=k: r["wall_s"][k]) for k in phases}
+  fwd = lambda k: second["phases"][k]["forwarded_tokens"] / first["phases"][k]["forwarded_tokens"] \
+      if first["phases"][k]["forwarded_tokens"] else None
+  update_rounds = per_round(lambda r: r["update_s"])
+  out = dict(bench="update_compare", compare=a.compare, cpu=first["cpu"], load_avg=common.load_avg(), rounds=a.rounds,
              first=dict(settings=first_set, **first), second=dict(settings=second_set, **second),
-             wall_second_over_first={k: ratio(k) for k in phases},
-             forwarded_second_over_first={k: ratio(k, "forwarded_tokens") for k in phases},
-             update_wall_second_over_first=round(second["measured_update_s"] / first["measured_update_s"], 3))
+             wall_second_over_first={k: median(v) for k, v in wall_rounds.items()}, wall_rounds=wall_rounds,
+             forwarded_second_over_first={k: fwd(k) for k in phases},
+             update_wall_second_over_first=median(update_rounds), update_wall_rounds=update_rounds)
   if a.compare == "old_logps":
-    out["rescore_wall_ratio_load_adjusted"] = round(ratio("rescore") / ratio("update"), 3)
+    out["rescore_wall_ratio_load_adjusted"] = round(median(wall_rounds["rescore"]) / median(wall_rounds["update"]), 3)
   common.emit(out)
 
 
