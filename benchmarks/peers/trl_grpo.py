@@ -110,13 +110,9 @@ def _child(a) -> dict:
   trainer = Timed(model=a.model_dir, reward_funcs=reward, args=cfg, processing_class=tok, callbacks=[Steps()],
                   train_dataset=Dataset.from_dict({"prompt": prompts * a.updates * 2}))
   trainer.train()
-  med = {k: statistics.median(v[1:] or v) for k, v in times.items()}
-  med["training"] = med["update"] - med["generation"] - med["reference"]
-  import trl
+  import trl  # the driver takes the rounds' phases and medians from per_update
   return dict(side="trl", trl=trl.__version__, torch=torch.__version__, threads=a.threads, bf16=cfg.bf16,
-              shapes=shapes,
-              seconds={k: round(v, 3) for k, v in med.items()},
-              per_update={k: [round(x, 3) for x in v] for k, v in times.items()})
+              shapes=shapes, per_update={k: [round(x, 3) for x in v] for k, v in times.items()})
 
 
 def _ours(arm: str, sets: list[str], rounds: int):
@@ -232,8 +228,8 @@ def main() -> None:
   trl = finals.pop("trl")
   t_rounds = _trl_seconds(trl["per_update"])
   o_rounds = {arm: [_our_seconds(r) for r in finals[arm]["rounds"]] for arm in arms}
-  g_rounds, g = o_rounds["grpo"], finals["grpo"]
-  ideal_s = sum(ph["ideal_s"] for ph in g["phases"].values())
+  ideal = {arm: round(sum(ph["ideal_s"] for ph in finals[arm]["phases"].values()), 3) for arm in arms}
+  g_rounds, ideal_s = o_rounds["grpo"], ideal["grpo"]
   per_round = lambda k, ours=g_rounds: [round(t[k] / s[k], 3) for t, s in zip(t_rounds, ours)]
   t, s = _median(t_rounds), _median(g_rounds)
   out = dict(bench="trl_grpo", cpu=common.cpu_model(), load_avg=common.load_avg(), rounds=a.rounds,
@@ -243,7 +239,7 @@ def main() -> None:
              seed_jax={arm: dict(seconds=_median(o_rounds[arm]), rounds=o_rounds[arm], step_samples=o["step_samples"],
                                  avg_prompt=o["phases"]["rollout"]["avg_prompt"],
                                  avg_response=o["phases"]["rollout"]["avg_response"],
-                                 peak_rss_mb=o["peak_rss_mb"], ideal_s=round(sum(ph["ideal_s"] for ph in o["phases"].values()), 3),
+                                 peak_rss_mb=o["peak_rss_mb"], ideal_s=ideal[arm],
                                  matmul_peak_gflops=o["matmul_peak_gflops_by_dtype"], decode=o.get("decode"),
                                  warmup_updates=o["warmup_updates"], compiles=o["compiles"],
                                  compiles_per_round=[r["compiles"] for r in o["rounds"]],
