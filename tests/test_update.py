@@ -229,9 +229,10 @@ def test_grouped_micro_batches_equal_the_flat_layout_on_eight_devices():
 
 def test_bf16_update_keeps_fp32_master_weights_and_matches_fp32():
   """learner.dtype='bfloat16': bf16 matmuls, fp32 master weights, norms, softmax and loss. One step's loss and
-  parameter change agree with the fp32 step to bf16 rounding (8 mantissa bits: ~4e-3 relative per product,
-  compounded over the layers and the backward's near-cancelling sums; measured 5e-6 on the loss and 2.7e-2 of
-  the change's norm here), and the state stays fp32."""
+  every parameter's change agree with the fp32 step to bf16 rounding (8 mantissa bits: ~4e-3 relative per
+  product, compounded over the layers and the backward's near-cancelling sums; measured at most 9e-3 here),
+  leaf by leaf: an aggregate over all parameters would hide a weight whose gradient the bf16 cast lost (the
+  embeddings' changes dominate it). The state stays fp32."""
   spec, params, mb = _tiny_batch()
   loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
   opt = optax.sgd(1.0)
@@ -241,11 +242,12 @@ def test_bf16_update_keeps_fp32_master_weights_and_matches_fp32():
     out[name] = fn(update_lib.init_state(jax.tree.map(jnp.copy, params), opt), mb, jnp.float32(1.0))
   (s32, m32), (s16, m16) = out["fp32"], out["bf16"]
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.params)) and m16["loss"].dtype == jnp.float32
-  flat = lambda s: np.concatenate([np.ravel(np.asarray(x) - np.asarray(p))
-                                   for x, p in zip(jax.tree.leaves(s.params), jax.tree.leaves(params))])
-  d32, d16 = flat(s32), flat(s16)
-  rel = np.linalg.norm(d16 - d32) / np.linalg.norm(d32)
+  change = lambda s: {jax.tree_util.keystr(k): np.asarray(x) - np.asarray(p) for (k, x), p in
+                      zip(jax.tree_util.tree_leaves_with_path(s.params), jax.tree.leaves(params))}
+  d32, d16 = change(s32), change(s16)
+  rel = {k: float(np.linalg.norm(d16[k] - d32[k]) / np.linalg.norm(d32[k])) for k in d32}
   loss_rel = abs(float(m16["loss"]) - float(m32["loss"])) / abs(float(m32["loss"]))
-  print(f"bf16 vs fp32: loss {loss_rel:.1e}, parameter change {rel:.1e} (relative)")
-  assert np.linalg.norm(d32) > 1e-3 and rel < 1e-1 and loss_rel < 1e-3
-  assert rel > 1e-5  # bf16 really computed: the fp32 and bf16 steps are not the same program
+  print(f"bf16 vs fp32: loss {loss_rel:.1e}, parameter change per leaf (relative) {rel}")
+  assert all(np.linalg.norm(d) > 1e-6 for d in d32.values()) and loss_rel < 1e-3
+  assert max(rel.values()) < 5e-2, rel  # every leaf, the layers' projections included, moved as in fp32
+  assert max(rel.values()) > 1e-5  # bf16 really computed: the fp32 and bf16 steps are not the same program

@@ -247,7 +247,9 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
     x, kv = layer_fn(x, w, cos_BTh, sin_BTh, None, mask_BTS, segment_BT)
     return x, kv if keep_kv else None
 
-  x_BTD, kv = jax.lax.scan(body, x_BTD, _cast_layers(params["layers"], dtype))
+  # fp32 weights are cast per layer where used (_dot), not bitcast to uint16 storage up front: an integer
+  # bitcast has no gradient, and the update differentiates this scan through its fp32 master weights.
+  x_BTD, kv = jax.lax.scan(body, x_BTD, params["layers"])
   return rms_norm(x_BTD, params["final_norm"], spec.rms_eps), kv
 
 
