@@ -13,6 +13,7 @@ from seed_jax import batch as batch_lib
 from seed_jax import losses
 from seed_jax import update as update_lib
 from seed_jax.models import transformer as tf
+from seed_jax.models import xla_cpu
 from seed_jax.models.logprobs import response_logprobs
 from seed_jax.models.spec import ModelSpec
 
@@ -227,13 +228,23 @@ def test_grouped_micro_batches_equal_the_flat_layout_on_eight_devices():
   _assert_trees_close(grouped.params, flat.params, 1e-6)
 
 
-def test_bf16_update_keeps_fp32_master_weights_and_matches_fp32():
+@pytest.mark.parametrize("storage", ["cpu", "accelerator"])
+def test_bf16_update_keeps_fp32_master_weights_and_matches_fp32(storage, monkeypatch):
   """learner.dtype='bfloat16': bf16 matmuls, fp32 master weights, norms, softmax and loss. One step's loss and
   every parameter's change agree with the fp32 step to bf16 rounding (8 mantissa bits: ~4e-3 relative per
   product, compounded over the layers and the backward's near-cancelling sums; measured at most 9e-3 here),
   leaf by leaf: an aggregate over all parameters would hide a weight whose gradient the bf16 cast lost (the
-  embeddings' changes dominate it). The state stays fp32."""
+  embeddings' changes dominate it). The state stays fp32. "accelerator": bf16 kept as bf16, not as uint16 bits
+  (xla_cpu.storage_dtype off CPU), so the weights are cast before the layer scan, as on a TPU or GPU."""
+  if storage == "accelerator":
+    monkeypatch.setattr(xla_cpu, "storage_dtype", lambda dtype: dtype)
   spec, params, mb = _tiny_batch()
+  # A new function, so a fresh trace: the layer scan takes the fp32 weights on CPU, bf16 ones on an accelerator.
+  fwd = lambda p: tf.forward(p, spec, mb.prompt_BP, tf.left_pad_positions(mb.pvalid_BP),
+                             mb.pvalid_BP.astype(jnp.int32), dtype=jnp.bfloat16)[0]
+  layer_scan = next(e for e in jax.make_jaxpr(fwd)(params).jaxpr.eqns if e.primitive.name == "scan")
+  weights_in = {v.aval.dtype for v in layer_scan.invars if v.aval.ndim >= 3 and v.aval.shape[0] == spec.n_layers}
+  assert weights_in == {jnp.dtype(jnp.bfloat16 if storage == "accelerator" else jnp.float32)}
   loss_cfg = _loss(opd_variant="gated", opd_coef=0.5, entropy_coef=0.01, kl_coef=0.1)
   opt = optax.sgd(1.0)
   out = {}

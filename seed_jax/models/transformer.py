@@ -247,9 +247,13 @@ def _scan_layers(params: Params, spec: ModelSpec, tokens_BT, positions_BT, segme
     x, kv = layer_fn(x, w, cos_BTh, sin_BTh, None, mask_BTS, segment_BT)
     return x, kv if keep_kv else None
 
-  # fp32 weights are cast per layer where used (_dot), not bitcast to uint16 storage up front: an integer
-  # bitcast has no gradient, and the update differentiates this scan through its fp32 master weights.
-  x_BTD, kv = jax.lax.scan(body, x_BTD, params["layers"])
+  # Cast up front where the cast is differentiable (bf16 on accelerators: each layer's weights then move as
+  # bf16, e.g. in an FSDP all-gather). bf16 kept as uint16 bits on CPU passes no gradient, and the update
+  # differentiates this scan through its fp32 master weights: there each layer casts where used (_dot).
+  layers = params["layers"]
+  if xla_cpu.storage_dtype(dtype) != jnp.uint16:
+    layers = _cast_layers(layers, dtype)
+  x_BTD, kv = jax.lax.scan(body, x_BTD, layers)
   return rms_norm(x_BTD, params["final_norm"], spec.rms_eps), kv
 
 
