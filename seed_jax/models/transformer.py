@@ -376,8 +376,8 @@ def _prefill_chunked(params, spec, tokens_BT, positions_BT, segment_BT, length, 
 
 
 def _cast_layers(layers: Params, dtype) -> Params:
-  """Matmul weights to the compute dtype (uint16 bits for bf16 on CPU); norms and biases stay fp32. Forward-only
-  paths: no gradient passes the integer bits (the differentiated forward, _scan_layers, casts per layer)."""
+  """Matmul weights to the compute dtype (uint16 bits for bf16 on CPU); norms and biases stay fp32. No gradient
+  passes the uint16 bits: where they are used, a differentiated forward casts per layer instead (_scan_layers)."""
   if jnp.dtype(dtype) == jnp.float32:
     return layers
   big = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
